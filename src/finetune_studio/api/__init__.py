@@ -1,0 +1,1 @@
+"""The HTTP API: `create_app(settings)`, its dependencies and routes."""

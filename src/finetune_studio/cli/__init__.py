@@ -1,0 +1,1 @@
+"""The `finetune-studio` command."""

@@ -1,0 +1,192 @@
+"""The `finetune-studio` command: serve, demo, watch, make-tiny-model."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from importlib import resources
+from pathlib import Path
+from typing import Optional
+
+from finetune_studio.cli.client import StudioClient, StudioError
+from finetune_studio.cli.progress import ProgressView
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from finetune_studio.api.app import create_app
+    from finetune_studio.config import get_settings
+
+    settings = get_settings(
+        host=args.host, port=args.port, data_dir=args.data_dir, max_concurrent_jobs=args.max_concurrent_jobs
+    )
+    if not settings.is_loopback() and settings.token is None:
+        print(
+            f"error: refusing to bind {settings.host}: anyone on the network could start jobs and read your files.\n"
+            "Set FINETUNE_STUDIO_TOKEN to a long random secret (clients send it as 'Authorization: Bearer ...'),"
+            " or bind 127.0.0.1.",
+            file=sys.stderr,
+        )
+        return 2
+    print(f"finetune-studio: data in {settings.data_dir}; UI and API on http://{settings.host}:{settings.port}/", flush=True)
+    uvicorn.run(
+        create_app(settings),
+        host=settings.host,
+        port=settings.port,
+        log_level=args.log_level,
+        # Streams of queued jobs never end by themselves; give them a moment, then
+        # let the supervisor stop the running jobs cleanly.
+        timeout_graceful_shutdown=3,
+    )
+    return 0
+
+
+def _make_tiny_model(args: argparse.Namespace) -> int:
+    from finetune_studio.worker.tiny_model import build_tiny_model
+
+    path = build_tiny_model(Path(args.directory).expanduser().resolve())
+    print(f"wrote a tiny random Llama to {path}")
+    return 0
+
+
+def _watch(client: StudioClient, job_id: str, view: ProgressView) -> dict:
+    final: dict = {}
+    for event in client.stream(job_id):
+        view.show(event)
+        if event.is_terminal:
+            final = event.data
+    return final
+
+
+def _watch_command(args: argparse.Namespace) -> int:
+    view = ProgressView(sys.stdout, interactive=sys.stdout.isatty(), width=shutil.get_terminal_size().columns - 1)
+    with StudioClient(args.url, token=args.token) as client:
+        try:
+            final = _watch(client, args.job_id, view)
+        except StudioError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+    return 0 if final.get("phase") == "completed" else 1
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextlib.contextmanager
+def running_server(data_dir: Path, port: int) -> Iterator[str]:
+    """A `finetune-studio serve` child on 127.0.0.1:port, stopped on exit."""
+    log_path = data_dir / "server.log"
+    data_dir.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "finetune_studio.cli.main", "serve", "--port", str(port), "--data-dir", str(data_dir)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        with StudioClient(url, timeout=2.0) as probe:
+            for _ in range(200):
+                if process.poll() is not None:
+                    raise RuntimeError(f"the server exited at start-up; see {log_path}")
+                with contextlib.suppress(Exception):
+                    probe.health()
+                    break
+                time.sleep(0.05)
+            else:
+                raise RuntimeError(f"the server did not answer within 10 s; see {log_path}")
+        yield url
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
+def _demo(args: argparse.Namespace) -> int:
+    data_dir = Path(args.data_dir).expanduser().resolve() if args.data_dir else Path(tempfile.mkdtemp(prefix="finetune-studio-demo-"))
+    model_dir = data_dir / "models" / "tiny-llama"
+    if not (model_dir / "config.json").exists():
+        print(f"building a tiny random Llama in {model_dir} ...", flush=True)
+        from finetune_studio.worker.tiny_model import build_tiny_model
+
+        build_tiny_model(model_dir)
+    dataset = resources.files("finetune_studio.demo") / "tiny_alpaca.jsonl"
+    request = {
+        "model_name": str(model_dir),
+        "training_type": "LoRA/QLoRA",
+        "format_type": "alpaca",
+        "local_datasets": [str(dataset)],
+        "max_steps": args.steps,
+        "learning_rate": "2e-3",
+        "batch_size": 4,
+        "lora_r": 8,
+        "lora_alpha": 16,
+        "max_seq_length": 256,
+        "save_steps": 0,
+        "project_name": "demo",
+    }
+    view = ProgressView(sys.stdout, interactive=sys.stdout.isatty(), width=min(100, shutil.get_terminal_size().columns - 1))
+    with running_server(data_dir, args.port or _free_port()) as url:
+        print(f"server up at {url} (data in {data_dir})", flush=True)
+        with StudioClient(url) as client:
+            job_id = client.start(request)
+            print(f"started job {job_id}; following its stream (curl -N {url}/train/stream/{job_id})", flush=True)
+            final = _watch(client, job_id, view)
+    if final.get("phase") != "completed":
+        print(f"the demo job ended in {final.get('phase')}: {final.get('error')}", file=sys.stderr)
+        return 1
+    print(f"adapter saved in {final['details']['adapter_dir']}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="finetune-studio", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    serve = commands.add_parser("serve", help="run the API server and web UI")
+    serve.add_argument("--host", default=None, help="address to bind (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=None, help="port (default 8000)")
+    serve.add_argument("--data-dir", default=None, help="where jobs live (default ~/.finetune-studio, or FINETUNE_STUDIO_DATA_DIR)")
+    serve.add_argument("--max-concurrent-jobs", type=int, default=None, help="jobs that train at once (default 1)")
+    serve.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    serve.set_defaults(func=_serve)
+
+    tiny = commands.add_parser("make-tiny-model", help="write a tiny random Llama (for tests and trials)")
+    tiny.add_argument("directory")
+    tiny.set_defaults(func=_make_tiny_model)
+
+    watch = commands.add_parser("watch", help="follow a job's progress in the terminal")
+    watch.add_argument("job_id")
+    watch.add_argument("--url", default=os.environ.get("FINETUNE_STUDIO_URL", "http://127.0.0.1:8000"))
+    watch.add_argument("--token", default=os.environ.get("FINETUNE_STUDIO_TOKEN"))
+    watch.set_defaults(func=_watch_command)
+
+    demo = commands.add_parser("demo", help="start a server, train a job end to end, and show its progress")
+    demo.add_argument("--data-dir", default=None, help="keep the demo's server data here (default: a new temp folder)")
+    demo.add_argument("--port", type=int, default=None)
+    demo.add_argument("--steps", type=int, default=60)
+    demo.set_defaults(func=_demo)
+    return parser
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,58 @@
+"""Settings: one pydantic-settings object, built by `get_settings()`, never at import.
+
+Every setting can come from the command line (`finetune-studio serve --port ...`)
+or from the environment with the `FINETUNE_STUDIO_` prefix.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from pathlib import Path
+from typing import Optional
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def default_data_dir() -> Path:
+    return Path.home() / ".finetune-studio"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="FINETUNE_STUDIO_", extra="ignore")
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=0, le=65535)
+    data_dir: Path = Field(default_factory=default_data_dir)
+    max_concurrent_jobs: int = Field(default=1, ge=1, description="Jobs that train at the same time.")
+    max_queued_jobs: int = Field(default=1000, ge=1, description="Jobs waiting beyond this are refused.")
+    stop_grace_seconds: float = Field(
+        default=60.0, gt=0, description="How long a stopping job may take to finish its step and save before it is terminated."
+    )
+    kill_grace_seconds: float = Field(default=5.0, gt=0, description="From SIGTERM to SIGKILL when a worker will not exit.")
+    token: Optional[SecretStr] = Field(default=None, description="API token; required when binding beyond loopback.")
+    worker_python: Optional[str] = Field(default=None, description="Python that runs training children (default: this one).")
+
+    @property
+    def db_path(self) -> Path:
+        return self.data_dir / "studio.db"
+
+    @property
+    def jobs_dir(self) -> Path:
+        return self.data_dir / "jobs"
+
+    def is_loopback(self) -> bool:
+        if self.host == "localhost":
+            return True
+        try:
+            return ipaddress.ip_address(self.host).is_loopback
+        except ValueError:
+            return False
+
+
+def get_settings(**overrides: object) -> Settings:
+    """Settings from the environment, with explicit overrides (e.g. CLI flags) on top."""
+    given = {key: value for key, value in overrides.items() if value is not None}
+    settings = Settings(**given)  # type: ignore[arg-type]
+    settings.data_dir = settings.data_dir.expanduser().resolve()
+    return settings

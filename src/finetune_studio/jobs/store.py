@@ -1,0 +1,232 @@
+"""The SQLite store: jobs and their event log, in one WAL database file.
+
+The schema lives here and nowhere else; migrations are numbered by SQLite's
+`user_version`. Every phase change is one guarded UPDATE (`transition`) that only
+matches a row in an allowed phase, and appends its status event in the same
+transaction, so the job row and its event log can never disagree.
+
+The store is used from one thread (the server's event loop); it is plain Python
+and imports neither FastAPI nor torch.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from finetune_studio.errors import InvalidTransition, JobNotFound
+from finetune_studio.jobs.phases import ALLOWED_FROM, TERMINAL
+
+MIGRATIONS: tuple[str, ...] = (
+    # 1: jobs and events
+    """
+    CREATE TABLE jobs (
+        id              TEXT PRIMARY KEY,
+        seq             INTEGER NOT NULL UNIQUE,
+        created_at      REAL NOT NULL,
+        updated_at      REAL NOT NULL,
+        phase           TEXT NOT NULL,
+        status_json     TEXT NOT NULL,
+        progress_json   TEXT,
+        request_json    TEXT NOT NULL,
+        output_dir      TEXT NOT NULL,
+        worker_pid      INTEGER,
+        stop_requested  INTEGER NOT NULL DEFAULT 0,
+        last_event_id   INTEGER NOT NULL DEFAULT 0
+    );
+    CREATE INDEX jobs_phase_seq ON jobs (phase, seq);
+    CREATE TABLE events (
+        job_id      TEXT NOT NULL REFERENCES jobs (id),
+        id          INTEGER NOT NULL,
+        kind        TEXT NOT NULL CHECK (kind IN ('status', 'progress')),
+        data        TEXT NOT NULL,
+        created_at  REAL NOT NULL,
+        PRIMARY KEY (job_id, id)
+    ) WITHOUT ROWID;
+    """,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class StoredEvent:
+    job_id: str
+    id: int
+    kind: str  # "status" | "progress"
+    data: str  # the JSON payload, serialized once
+
+    @property
+    def is_terminal_status(self) -> bool:
+        return self.kind == "status" and json.loads(self.data)["phase"] in TERMINAL
+
+
+@dataclass(frozen=True, slots=True)
+class JobRecord:
+    id: str
+    seq: int
+    created_at: float
+    phase: str
+    status: dict[str, Any]
+    progress: Optional[dict[str, Any]]
+    request: dict[str, Any]
+    output_dir: str
+    worker_pid: Optional[int]
+    stop_requested: bool
+    last_event_id: int
+
+
+def _dumps(payload: dict[str, Any]) -> str:
+    return json.dumps(payload, separators=(",", ":"), allow_nan=False)
+
+
+class JobStore:
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
+        self._db.row_factory = sqlite3.Row
+        self._db.execute("PRAGMA journal_mode=WAL")
+        # NORMAL in WAL mode survives a crash of this process; only power loss can
+        # lose the last transactions.
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.execute("PRAGMA busy_timeout=5000")
+        self._db.execute("PRAGMA foreign_keys=ON")
+        self._migrate()
+
+    def close(self) -> None:
+        self._db.close()
+
+    def _migrate(self) -> None:
+        version = self._db.execute("PRAGMA user_version").fetchone()[0]
+        for number, script in enumerate(MIGRATIONS[version:], start=version + 1):
+            self._db.executescript(f"BEGIN; {script}; PRAGMA user_version = {number:d}; COMMIT;")
+
+    # -- writes -------------------------------------------------------------
+
+    def create_job(
+        self, job_id: str, request: dict[str, Any], output_dir: str, status: dict[str, Any]
+    ) -> StoredEvent:
+        """Insert a queued (`idle`) job and its first status event (id 1)."""
+        now = time.time()
+        data = _dumps(status)
+        with self._db:
+            self._db.execute("BEGIN IMMEDIATE")
+            seq = self._db.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM jobs").fetchone()[0]
+            self._db.execute(
+                "INSERT INTO jobs (id, seq, created_at, updated_at, phase, status_json, request_json,"
+                " output_dir, last_event_id) VALUES (?, ?, ?, ?, 'idle', ?, ?, ?, 1)",
+                (job_id, seq, now, now, data, _dumps(request), output_dir),
+            )
+            self._db.execute(
+                "INSERT INTO events (job_id, id, kind, data, created_at) VALUES (?, 1, 'status', ?, ?)",
+                (job_id, data, now),
+            )
+        return StoredEvent(job_id, 1, "status", data)
+
+    def transition(self, job_id: str, status: dict[str, Any]) -> StoredEvent:
+        """Move a job to `status["phase"]` if the state machine allows it from where it is.
+
+        Raises InvalidTransition (naming both phases) when it does not, and
+        JobNotFound for an unknown id.
+        """
+        target = status["phase"]
+        allowed = sorted(ALLOWED_FROM[target])
+        now = time.time()
+        data = _dumps(status)
+        marks = ",".join("?" * len(allowed))
+        with self._db:
+            self._db.execute("BEGIN IMMEDIATE")
+            row = self._db.execute(
+                f"UPDATE jobs SET phase = ?, status_json = ?, updated_at = ?, last_event_id = last_event_id + 1"  # noqa: S608 (placeholders only)
+                f" WHERE id = ? AND phase IN ({marks}) RETURNING last_event_id",
+                (target, data, now, job_id, *allowed),
+            ).fetchone()
+            if row is None:
+                current = self._phase_of(job_id)
+                raise InvalidTransition(f"job {job_id} cannot go from {current} to {target}")
+            event_id = row[0]
+            self._db.execute(
+                "INSERT INTO events (job_id, id, kind, data, created_at) VALUES (?, ?, 'status', ?, ?)",
+                (job_id, event_id, data, now),
+            )
+        return StoredEvent(job_id, event_id, "status", data)
+
+    def append_progress(self, job_id: str, progress: dict[str, Any]) -> Optional[StoredEvent]:
+        """Record one step's metrics; only a job in `training` takes them (else None)."""
+        now = time.time()
+        data = _dumps(progress)
+        with self._db:
+            self._db.execute("BEGIN IMMEDIATE")
+            row = self._db.execute(
+                "UPDATE jobs SET progress_json = ?, updated_at = ?, last_event_id = last_event_id + 1"
+                " WHERE id = ? AND phase = 'training' RETURNING last_event_id",
+                (data, now, job_id),
+            ).fetchone()
+            if row is None:
+                return None
+            self._db.execute(
+                "INSERT INTO events (job_id, id, kind, data, created_at) VALUES (?, ?, 'progress', ?, ?)",
+                (job_id, row[0], data, now),
+            )
+        return StoredEvent(job_id, row[0], "progress", data)
+
+    def set_worker_pid(self, job_id: str, pid: Optional[int]) -> None:
+        self._db.execute("UPDATE jobs SET worker_pid = ? WHERE id = ?", (pid, job_id))
+
+    def set_stop_requested(self, job_id: str) -> None:
+        self._db.execute("UPDATE jobs SET stop_requested = 1 WHERE id = ?", (job_id,))
+
+    # -- reads --------------------------------------------------------------
+
+    def _phase_of(self, job_id: str) -> str:
+        row = self._db.execute("SELECT phase FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        if row is None:
+            raise JobNotFound(job_id)
+        return str(row[0])
+
+    def get_job(self, job_id: str) -> JobRecord:
+        row = self._db.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        if row is None:
+            raise JobNotFound(job_id)
+        return _record(row)
+
+    def list_jobs(self) -> list[JobRecord]:
+        return [_record(row) for row in self._db.execute("SELECT * FROM jobs ORDER BY seq DESC")]
+
+    def queued_job_ids(self) -> list[str]:
+        """Jobs waiting to run, first in first out."""
+        rows = self._db.execute("SELECT id FROM jobs WHERE phase = 'idle' ORDER BY seq")
+        return [str(row[0]) for row in rows]
+
+    def unfinished_jobs(self) -> list[JobRecord]:
+        marks = ",".join("?" * len(TERMINAL))
+        rows = self._db.execute(
+            f"SELECT * FROM jobs WHERE phase NOT IN ({marks}) ORDER BY seq",  # noqa: S608 (placeholders only)
+            tuple(sorted(TERMINAL)),
+        )
+        return [_record(row) for row in rows]
+
+    def events_after(self, job_id: str, after_id: int, limit: int = 1000) -> list[StoredEvent]:
+        rows = self._db.execute(
+            "SELECT id, kind, data FROM events WHERE job_id = ? AND id > ? ORDER BY id LIMIT ?",
+            (job_id, after_id, limit),
+        )
+        return [StoredEvent(job_id, int(r[0]), str(r[1]), str(r[2])) for r in rows]
+
+
+def _record(row: sqlite3.Row) -> JobRecord:
+    return JobRecord(
+        id=row["id"],
+        seq=row["seq"],
+        created_at=row["created_at"],
+        phase=row["phase"],
+        status=json.loads(row["status_json"]),
+        progress=json.loads(row["progress_json"]) if row["progress_json"] else None,
+        request=json.loads(row["request_json"]),
+        output_dir=row["output_dir"],
+        worker_pid=row["worker_pid"],
+        stop_requested=bool(row["stop_requested"]),
+        last_event_id=row["last_event_id"],
+    )

@@ -1,0 +1,187 @@
+"""The wire models: the seed's four models, the training request, and list shapes.
+
+Names, fields and literal values follow `shared/seed/training_pydantic.md`; the
+request follows Unsloth Studio's `TrainingStartRequest` for text models (DESIGN.md
+section 3). This module holds no logic beyond field validation.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+Phase = Literal[
+    "idle",
+    "loading_model",
+    "loading_dataset",
+    "configuring",
+    "training",
+    "completed",
+    "error",
+    "stopped",
+]
+
+TrainingType = Literal["LoRA/QLoRA", "Full Finetuning", "Continued Pretraining"]
+FormatType = Literal["auto", "alpaca", "chatml", "sharegpt", "raw"]
+
+# Fields that hold secrets: never stored, logged or echoed.
+SECRET_FIELDS = ("hf_token", "wandb_token")
+
+
+class TrainingStartRequest(BaseModel):
+    """Request payload to start training (Unsloth Studio's request, text models).
+
+    Unknown fields are ignored rather than rejected, so that a body written for a
+    newer or older Studio is still accepted; the job's first status lists them in
+    `details.warnings`.
+    """
+
+    model_config = ConfigDict(extra="allow", protected_namespaces=())
+
+    # model
+    model_name: str = Field(description="A local Hugging Face model folder, a .gguf file, or a hub id.")
+    training_type: TrainingType = Field(description="LoRA/QLoRA, Full Finetuning or Continued Pretraining.")
+    hf_token: Optional[str] = Field(default=None, description="Hub token; never stored or echoed.")
+    load_in_4bit: bool = Field(default=True, description="Load the base model in 4 bits (QLoRA) where CUDA and bitsandbytes allow.")
+    max_seq_length: int = Field(default=2048, ge=8, le=1_048_576, description="Longest sequence in tokens; longer rows are truncated.")
+    trust_remote_code: bool = Field(default=False, description="Run model code shipped with the checkpoint.")
+    model_local_path: Optional[str] = Field(default=None, description="A local folder that overrides model_name for loading.")
+    project_name: Optional[str] = Field(default=None, description="A free label shown with the job.")
+
+    # data
+    hf_dataset: Optional[str] = Field(default=None, description="A hub dataset id.")
+    local_datasets: list[str] = Field(default_factory=list, description="Local dataset files (JSONL).")
+    local_eval_datasets: list[str] = Field(default_factory=list, description="Local evaluation dataset files.")
+    format_type: FormatType = Field(description="Dataset shape: auto, alpaca, chatml, sharegpt or raw.")
+    subset: Optional[str] = None
+    train_split: str = "train"
+    eval_split: Optional[str] = None
+    eval_steps: float = Field(default=0.0, ge=0.0, description="Evaluate every this fraction of total steps (0: never).")
+    dataset_slice_start: Optional[int] = Field(default=None, ge=0)
+    dataset_slice_end: Optional[int] = Field(default=None, ge=0)
+    custom_format_mapping: Optional[dict[str, str]] = Field(
+        default=None, description='Column name to role, e.g. {"question": "user", "answer": "assistant"}.'
+    )
+
+    # hyperparameters
+    num_epochs: int = Field(default=1, ge=0, description="Passes over the data; 0 means use max_steps.")
+    learning_rate: float = Field(default=2e-4, gt=0.0, description='Peak learning rate; a string such as "2e-4" is accepted.')
+    batch_size: int = Field(default=1, ge=1, le=65_536)
+    gradient_accumulation_steps: int = Field(default=1, ge=1, le=65_536)
+    warmup_steps: Optional[int] = Field(default=None, ge=0)
+    warmup_ratio: Optional[float] = Field(default=None, ge=0.0, le=1.0)
+    max_steps: Optional[int] = Field(default=None, ge=0, description="Optimizer steps; above 0 it overrides num_epochs.")
+    save_steps: int = Field(default=100, ge=0, description="Save a checkpoint every this many steps (0: never).")
+    weight_decay: float = Field(default=0.001, ge=0.0)
+    max_grad_norm: Optional[float] = Field(default=None, ge=0.0)
+    random_seed: int = Field(default=3407, ge=0)
+    packing: bool = False
+    optim: str = "adamw_8bit"
+    lr_scheduler_type: str = "linear"
+
+    # LoRA
+    use_lora: bool = True
+    lora_r: int = Field(default=16, ge=1, le=4096)
+    lora_alpha: int = Field(default=16, ge=1)
+    lora_dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
+    target_modules: list[str] = Field(default_factory=list, description="Module names to adapt; empty means all linear layers.")
+    gradient_checkpointing: str = ""
+    use_rslora: bool = False
+    use_loftq: bool = False
+    use_dora: bool = False
+    train_on_completions: bool = False
+
+    # logging and more
+    enable_wandb: bool = False
+    wandb_token: Optional[str] = None
+    wandb_project: Optional[str] = None
+    enable_tensorboard: bool = False
+    tensorboard_dir: Optional[str] = None
+    resume_from_checkpoint: Optional[str] = None
+    gpu_ids: Optional[list[int]] = None
+
+    @field_validator("learning_rate", mode="before")
+    @classmethod
+    def _learning_rate_from_string(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            try:
+                return float(value.strip())
+            except ValueError:
+                raise ValueError(f"learning_rate must be a number such as 2e-4, not {value!r}") from None
+        return value
+
+    @model_validator(mode="after")
+    def _check_combinations(self) -> "TrainingStartRequest":
+        if self.num_epochs == 0 and not self.max_steps:
+            raise ValueError("num_epochs and max_steps are both 0: set num_epochs >= 1 or max_steps >= 1")
+        if sum((self.use_rslora, self.use_loftq, self.use_dora)) > 1:
+            raise ValueError("use_rslora, use_loftq and use_dora are exclusive: set at most one of them")
+        if (
+            self.dataset_slice_start is not None
+            and self.dataset_slice_end is not None
+            and self.dataset_slice_end <= self.dataset_slice_start
+        ):
+            raise ValueError("dataset_slice_end must be greater than dataset_slice_start")
+        if not self.local_datasets and not self.hf_dataset:
+            raise ValueError("no training data: set local_datasets (a list of files) or hf_dataset")
+        return self
+
+    def unknown_fields(self) -> list[str]:
+        """The names of fields the request carried that this model does not know."""
+        return sorted((self.model_extra or {}).keys())
+
+    def redacted(self) -> dict[str, Any]:
+        """The request as stored and shown: known fields only, secrets removed."""
+        data = self.model_dump(exclude=set(SECRET_FIELDS))
+        for name in self.unknown_fields():
+            data.pop(name, None)
+        return data
+
+
+class TrainingJobResponse(BaseModel):
+    """Immediate response when training is initiated"""
+
+    job_id: str
+    status: Literal["queued", "error"]
+    message: str
+    error: Optional[str] = None
+
+
+class TrainingStatus(BaseModel):
+    """Current training job status - works for streaming or polling"""
+
+    job_id: str
+    phase: Phase
+    is_training_running: bool
+    message: str
+    error: Optional[str] = None
+    details: Optional[dict[str, Any]] = None
+
+
+class TrainingProgress(BaseModel):
+    """Training progress metrics - for streaming or polling"""
+
+    step: int
+    total_steps: int
+    loss: float
+    learning_rate: float
+    progress_percent: float
+    # Widened from the seed's int: a fractional epoch says where in the data we are.
+    epoch: Optional[float] = None
+    elapsed_seconds: Optional[float] = None
+    eta_seconds: Optional[float] = None
+    grad_norm: Optional[float] = None
+    eval_loss: Optional[float] = None
+    num_tokens: Optional[int] = None  # tokens trained on so far
+
+
+class JobList(BaseModel):
+    """Every job's current status, newest first."""
+
+    data: list[TrainingStatus]
+    count: int
+
+
+class Health(BaseModel):
+    status: Literal["ok"] = "ok"

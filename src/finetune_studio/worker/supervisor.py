@@ -1,0 +1,294 @@
+"""The supervisor: runs queued jobs in worker processes and decides how each ends.
+
+It lives in the API server's event loop. It takes queued jobs first in, first out
+(up to `max_concurrent_jobs` at once), launches each through a `WorkerLauncher`,
+turns the worker's messages into phase changes and progress (through JobService,
+the one writer), and, when the worker exits without having reported an end, writes
+that end itself from the exit status: `stopped` if a stop was asked for, otherwise
+`error` with `worker_died` and the signal or exit code.
+
+Stop: a queued job is stopped at once. A running one is asked to stop (it finishes
+its step, saves, and reports `stopped`); after `stop_grace_seconds` it gets SIGTERM,
+and after `kill_grace_seconds` more, SIGKILL.
+
+Restart: on start-up, a job that was running when the server went away cannot be
+driven by anyone; its worker (if still alive) is killed and the job ends in `error`
+with `server_restarted`, its checkpoints kept. Queued jobs stay queued.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from finetune_studio.config import Settings
+from finetune_studio.errors import InvalidTransition, JobAlreadyFinished
+from finetune_studio.jobs.phases import is_terminal
+from finetune_studio.jobs.service import JobService
+from finetune_studio.schemas import TrainingStatus
+from finetune_studio.worker.launcher import WorkerHandle, WorkerLauncher, WorkerSpec, is_our_worker
+
+log = logging.getLogger("finetune_studio.supervisor")
+
+_LOG_TAIL_LINES = 12
+
+
+@dataclass
+class ActiveJob:
+    job_id: str
+    request: dict[str, Any]
+    handle: Optional[WorkerHandle] = None
+    stop_requested: bool = False
+    task: Optional[asyncio.Task[None]] = None
+    escalation: Optional[asyncio.Task[None]] = None
+    notes: list[str] = field(default_factory=list)
+
+
+class Supervisor:
+    def __init__(self, service: JobService, launcher: WorkerLauncher, settings: Settings) -> None:
+        self.service = service
+        self.launcher = launcher
+        self.settings = settings
+        self._active: dict[str, ActiveJob] = {}
+        # Requests (with secrets) of queued jobs, held in memory only. A job queued
+        # before a restart runs without its tokens; it says so in its warnings.
+        self._pending_requests: dict[str, dict[str, Any]] = {}
+        self._wake = asyncio.Event()
+        self._loop_task: Optional[asyncio.Task[None]] = None
+        self._closing = False
+
+    # -- life cycle ---------------------------------------------------------
+
+    async def start(self) -> None:
+        self.recover()
+        self._loop_task = asyncio.create_task(self._schedule_forever(), name="supervisor")
+        self._wake.set()
+
+    def recover(self) -> None:
+        """End every job that was running when the server last went away."""
+        for job in self.service.store.unfinished_jobs():
+            if job.worker_pid and is_our_worker(job.worker_pid, job.id):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(job.worker_pid, signal.SIGKILL)
+                log.warning("killed orphaned worker %s of job %s", job.worker_pid, job.id)
+            self.service.store.set_worker_pid(job.id, None)
+            if job.phase == "idle":
+                continue  # still queued: it runs in turn
+            checkpoints = sorted(str(p) for p in Path(job.output_dir).glob("checkpoint-*") if p.is_dir())
+            details: dict[str, Any] = {"error_code": "server_restarted", "output_dir": job.output_dir}
+            if checkpoints:
+                details["last_checkpoint"] = checkpoints[-1]
+            self.service.transition(
+                job.id,
+                "error",
+                "The server stopped while this job was running",
+                error=(
+                    f"The server stopped while this job was in {job.phase}. Its saved checkpoints are kept"
+                    f" in {job.output_dir}; start the job again to train it."
+                ),
+                details=details,
+            )
+
+    async def shutdown(self) -> None:
+        """Stop running jobs cooperatively (they save), then make sure no worker outlives us."""
+        self._closing = True
+        if self._loop_task:
+            self._loop_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._loop_task
+        active = list(self._active.values())
+        for job in active:
+            await self._request_stop(job, reason="the server is shutting down")
+        tasks = [job.task for job in active if job.task]
+        if tasks:
+            grace = self.settings.stop_grace_seconds + self.settings.kill_grace_seconds + 5
+            await asyncio.wait(tasks, timeout=grace)
+
+    # -- queue --------------------------------------------------------------
+
+    def submit(self, job_id: str, request: dict[str, Any]) -> None:
+        self._pending_requests[job_id] = request
+        self._wake.set()
+
+    def queue_positions(self) -> dict[str, int]:
+        waiting = [j for j in self.service.store.queued_job_ids() if j not in self._active]
+        return {job_id: index + 1 for index, job_id in enumerate(waiting)}
+
+    async def _schedule_forever(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            self._start_what_fits()
+
+    def _start_what_fits(self) -> None:
+        if self._closing:
+            return
+        for job_id in self.service.store.queued_job_ids():
+            if len(self._active) >= self.settings.max_concurrent_jobs:
+                return
+            if job_id in self._active:
+                continue
+            job = self.service.store.get_job(job_id)
+            request = self._pending_requests.pop(job_id, None)
+            active = ActiveJob(job_id, request if request is not None else dict(job.request))
+            if request is None:
+                active.notes.append("this job was queued before a server restart and runs without hf_token/wandb_token")
+            self._active[job_id] = active
+            active.task = asyncio.create_task(self._run(active), name=f"job-{job_id}")
+
+    # -- one job ------------------------------------------------------------
+
+    async def _run(self, active: ActiveJob) -> None:
+        job_id = active.job_id
+        try:
+            await self._drive(active)
+        except Exception:  # the supervisor must outlive any one job's failure
+            log.exception("supervising job %s failed", job_id)
+            self._end_if_unfinished(job_id, "error", "internal_error", "the server failed while supervising this job")
+        finally:
+            if active.escalation:
+                active.escalation.cancel()
+            self._active.pop(job_id, None)
+            with contextlib.suppress(Exception):
+                self.service.store.set_worker_pid(job_id, None)
+            self._wake.set()
+
+    async def _drive(self, active: ActiveJob) -> None:
+        job_id = active.job_id
+        job = self.service.store.get_job(job_id)
+        spec = WorkerSpec(job_id=job_id, output_dir=Path(job.output_dir), request=active.request, warnings=active.notes)
+        try:
+            handle = await self.launcher.launch(spec)
+        except OSError as exc:
+            self._end_if_unfinished(job_id, "error", "worker_failed_to_start", f"the training process could not start: {exc}")
+            return
+        active.handle = handle
+        if handle.pid:
+            self.service.store.set_worker_pid(job_id, handle.pid)
+        if active.stop_requested:  # a stop arrived while we were launching
+            await handle.request_stop()
+            self._escalate_later(active)
+
+        async for message in handle.messages():
+            self._apply(job_id, message)
+        exit_info = await handle.wait()
+
+        if active.stop_requested:
+            self._end_if_unfinished(
+                job_id, "stopped", None, f"stopped: {exit_info.describe()} after it did not stop within the grace period"
+            )
+        else:
+            reason = exit_info.describe()
+            tail = _log_tail(handle.log_path)
+            self._end_if_unfinished(
+                job_id,
+                "error",
+                "worker_died",
+                f"{reason[0].upper()}{reason[1:]} before the job finished."
+                + (f" Last lines of {handle.log_path}:\n{tail}" if tail else ""),
+                extra={"exit_code": exit_info.returncode, "signal": exit_info.signal_name, "log_path": str(handle.log_path)},
+            )
+
+    def _apply(self, job_id: str, message: dict[str, Any]) -> None:
+        kind = message.get("type")
+        try:
+            if kind == "status":
+                self.service.transition(
+                    job_id,
+                    str(message["phase"]),
+                    str(message.get("message", "")),
+                    error=message.get("error"),
+                    details=message.get("details"),
+                )
+            elif kind == "progress":
+                self.service.record_progress(job_id, message["progress"])
+        except InvalidTransition as exc:
+            log.warning("ignored a phase change from the worker of %s: %s", job_id, exc)
+        except (KeyError, ValueError, TypeError) as exc:
+            log.warning("ignored a malformed message from the worker of %s: %s", job_id, exc)
+
+    def _end_if_unfinished(
+        self,
+        job_id: str,
+        phase: str,
+        error_code: Optional[str],
+        text: str,
+        extra: Optional[dict[str, Any]] = None,
+    ) -> None:
+        job = self.service.store.get_job(job_id)
+        if is_terminal(job.phase):
+            return
+        details: dict[str, Any] = {"output_dir": job.output_dir, **(extra or {})}
+        if error_code:
+            details["error_code"] = error_code
+        if phase == "error":
+            self.service.transition(job_id, "error", "Training failed", error=text, details=details)
+        else:
+            self.service.transition(job_id, phase, text[0].upper() + text[1:], details=details)
+
+    # -- stop ---------------------------------------------------------------
+
+    async def stop_job(self, job_id: str) -> TrainingStatus:
+        job = self.service.store.get_job(job_id)
+        if is_terminal(job.phase):
+            raise JobAlreadyFinished(f"job {job_id} already ended in {job.phase}; there is nothing to stop")
+        active = self._active.get(job_id)
+        if active is None:
+            # Queued and not yet picked up: it never runs.
+            self._pending_requests.pop(job_id, None)
+            self.service.transition(
+                job_id, "stopped", "Stopped before it started", details={"output_dir": job.output_dir}
+            )
+            return self.service.status_of(self.service.store.get_job(job_id))
+        already = active.stop_requested
+        await self._request_stop(active, reason="a stop was requested")
+        status = self.service.status_of(self.service.store.get_job(job_id))
+        status.message = (
+            "A stop was already requested; the job stops after its current step"
+            if already
+            else "Stop requested; the job stops after its current step and saves what it trained"
+        )
+        details = dict(status.details or {})
+        details["stop_requested"] = True
+        status.details = details
+        return status
+
+    async def _request_stop(self, active: ActiveJob, reason: str) -> None:
+        if active.stop_requested:
+            return
+        active.stop_requested = True
+        self.service.store.set_stop_requested(active.job_id)
+        log.info("stopping job %s: %s", active.job_id, reason)
+        if active.handle is not None:
+            await active.handle.request_stop()
+            self._escalate_later(active)
+
+    def _escalate_later(self, active: ActiveJob) -> None:
+        if active.escalation is None:
+            active.escalation = asyncio.create_task(self._escalate(active), name=f"escalate-{active.job_id}")
+
+    async def _escalate(self, active: ActiveJob) -> None:
+        assert active.handle is not None
+        await asyncio.sleep(self.settings.stop_grace_seconds)
+        log.warning("job %s did not stop within %.0f s; sending SIGTERM", active.job_id, self.settings.stop_grace_seconds)
+        active.handle.terminate()
+        await asyncio.sleep(self.settings.kill_grace_seconds)
+        log.warning("job %s did not exit after SIGTERM; sending SIGKILL", active.job_id)
+        active.handle.kill()
+
+
+def _log_tail(path: Path) -> str:
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            handle.seek(max(0, handle.tell() - 8192))
+            lines = handle.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return ""
+    return "\n".join(lines[-_LOG_TAIL_LINES:])
