@@ -143,8 +143,9 @@ class LocalProcessHandle:
 class LocalProcessLauncher:
     """Runs each job in a child Python process on this machine."""
 
-    def __init__(self, python: Optional[str] = None) -> None:
+    def __init__(self, python: Optional[str] = None, module: str = CHILD_MODULE) -> None:
         self.python = python or sys.executable
+        self.module = module
 
     async def launch(self, spec: WorkerSpec) -> LocalProcessHandle:
         spec.output_dir.mkdir(parents=True, exist_ok=True)
@@ -160,7 +161,7 @@ class LocalProcessLauncher:
             process = await asyncio.create_subprocess_exec(
                 self.python,
                 "-m",
-                CHILD_MODULE,
+                self.module,
                 "--job-id",
                 spec.job_id,
                 stdin=asyncio.subprocess.PIPE,

@@ -45,7 +45,7 @@ class Recipe:
         self.job_id: str = spec["job_id"]
         self.output_dir = Path(spec["output_dir"])
         self.phase = "idle"
-        self.facts: dict[str, Any] = {"output_dir": str(self.output_dir)}
+        self.facts: dict[str, Any] = {"output_dir": str(self.output_dir), "worker_pid": os.getpid()}
         for warning in spec.get("warnings", []):
             channel.warn(warning)
         raw = dict(spec["request"])
@@ -72,7 +72,7 @@ class Recipe:
 
     def run(self) -> None:
         request = self.request
-        self.enter("loading_model", f"Loading model {request.model_name}", worker_pid=os.getpid())
+        self.enter("loading_model", f"Loading model {request.model_name}")
         model, tokenizer = self.load_model()
         self.stop.check()
 

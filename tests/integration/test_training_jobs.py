@@ -1,0 +1,214 @@
+"""A real server, real training children, the tiny model: the seed's API end to end."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+
+from finetune_studio.cli.client import parse_sse
+from tests.conftest import ServerProcess, collect, job_request, phases, wait_for
+
+pytestmark = pytest.mark.train
+
+SEED_ORDER = ["idle", "loading_model", "loading_dataset", "configuring", "training", "completed"]
+
+
+def test_a_job_trains_to_completed_and_moves_the_weights(server: ServerProcess, tiny_model: Path) -> None:
+    with server.client() as client:
+        job_id = client.start(job_request(tiny_model, max_steps=6))
+        events = collect(client, job_id)
+
+        assert [e.id for e in events] == list(range(1, len(events) + 1))
+        assert phases(events) == SEED_ORDER
+        kinds = [e.kind for e in events]
+        training_at = next(i for i, e in enumerate(events) if e.kind == "status" and e.data["phase"] == "training")
+        assert kinds[training_at + 1 : training_at + 7] == ["progress"] * 6
+        assert all(e.data["is_training_running"] == (e.data["phase"] == "training") for e in events if e.kind == "status")
+
+        steps = [e.data for e in events if e.kind == "progress"]
+        assert [p["step"] for p in steps] == [1, 2, 3, 4, 5, 6]
+        assert {p["total_steps"] for p in steps} == {6}
+        assert steps[-1]["progress_percent"] == 100.0
+        assert all(math.isfinite(p["loss"]) and p["loss"] > 0 for p in steps)
+        assert all(p["learning_rate"] > 0 for p in steps[:-1])
+        assert all(p["elapsed_seconds"] >= 0 and p["eta_seconds"] >= 0 for p in steps)
+        assert steps[-1]["eta_seconds"] == 0
+
+        final = events[-1].data
+        adapter = Path(final["details"]["adapter_dir"])
+        assert adapter.parent == server.data_dir / "jobs" / job_id
+        weights = load_file(str(adapter / "adapter_model.safetensors"))
+        lora_b = {name: w for name, w in weights.items() if "lora_B" in name}
+        assert lora_b, f"no LoRA B matrices in {sorted(weights)}"
+        # LoRA starts with B = 0, so the adapter equals the base model until training moves B.
+        assert all(np.abs(w).max() > 0 for w in lora_b.values())
+        assert json.loads((adapter / "adapter_config.json").read_text())["r"] == 4
+
+        status = client.status(job_id)
+        assert status["phase"] == "completed" and status["is_training_running"] is False
+        assert client.progress(job_id)["step"] == 6
+
+
+def test_last_event_id_resumes_with_exactly_the_rest(server: ServerProcess, tiny_model: Path) -> None:
+    with server.client() as client:
+        job_id = client.start(job_request(tiny_model, max_steps=5))
+        # Read a few events live, drop the connection, and resume from the last id seen.
+        first = []
+        for event in client.stream(job_id):
+            first.append(event)
+            if len(first) == 3:
+                break
+        rest = collect(client, job_id, last_event_id=first[-1].id)
+        assert [e.id for e in first + rest] == list(range(1, len(first) + len(rest) + 1))
+        everything = collect(client, job_id)
+        assert [(e.id, e.kind, e.data) for e in everything] == [(e.id, e.kind, e.data) for e in first + rest]
+
+        for cut in (0, 4, len(everything) - 1, len(everything)):
+            # The header and the query parameter mean the same.
+            by_header = httpx.get(f"{server.url}/train/stream/{job_id}", headers={"Last-Event-ID": str(cut)})
+            by_query = httpx.get(f"{server.url}/train/stream/{job_id}?last_event_id={cut}")
+            for response in (by_header, by_query):
+                assert response.headers["content-type"].startswith("text/event-stream")
+                ids = [int(i) for i, _, _ in parse_sse(iter(response.text.splitlines()))]
+                assert ids == [e.id for e in everything if e.id > cut]
+
+
+def test_jobs_queue_fifo_one_at_a_time(server: ServerProcess, tiny_model: Path) -> None:
+    with server.client() as client:
+        ids = [client.start(job_request(tiny_model, max_steps=4, random_seed=i)) for i in range(3)]
+        queued = {s["job_id"]: s for s in client.jobs()}
+        assert [s["job_id"] for s in client.jobs()] == ids[::-1]  # newest first
+        assert queued[ids[2]]["details"]["queue_position"] >= 2
+
+        started_order: list[str] = []
+
+        def snapshot() -> bool:
+            statuses = client.jobs()
+            running = [s["job_id"] for s in statuses if s["phase"] not in ("idle", "completed", "error", "stopped")]
+            assert len(running) <= 1, f"two jobs ran at once: {running}"
+            for job_id in reversed([s["job_id"] for s in statuses]):
+                if job_id not in started_order and next(s for s in statuses if s["job_id"] == job_id)["phase"] != "idle":
+                    started_order.append(job_id)
+            return all(s["phase"] == "completed" for s in statuses)
+
+        wait_for(snapshot, timeout=240, interval=0.02, what="three jobs to complete")
+        assert started_order == ids
+        for job_id in ids:
+            assert phases(collect(client, job_id)) == SEED_ORDER
+
+
+def test_stop_a_queued_job_and_a_training_job(server: ServerProcess, tiny_model: Path) -> None:
+    with server.client() as client:
+        running = client.start(job_request(tiny_model, max_steps=3000, save_steps=0))
+        queued = client.start(job_request(tiny_model, max_steps=5))
+
+        stopped = client.stop(queued)
+        assert stopped["phase"] == "stopped"
+        assert client.status(queued)["phase"] == "stopped"
+
+        wait_for(lambda: (client.progress(running) or {}).get("step", 0) >= 3, what="three training steps")
+        answer = client.stop(running)
+        assert answer["details"]["stop_requested"] is True
+        again = client.stop(running)  # a second stop is answered, not an error
+        assert "already" in again["message"]
+
+        events = collect(client, running)
+        assert phases(events)[-2:] == ["training", "stopped"]
+        last_step = [e.data["step"] for e in events if e.kind == "progress"][-1]
+        assert 3 <= last_step < 3000
+        final = events[-1].data
+        assert "Stopped at step" in final["message"]
+        assert (Path(final["details"]["adapter_dir"]) / "adapter_model.safetensors").is_file()
+
+        with pytest.raises(Exception, match="409"):
+            client.stop(running)
+        assert phases(collect(client, queued)) == ["idle", "stopped"]
+
+
+def test_bad_model_and_bad_dataset_end_in_error_and_the_server_keeps_serving(
+    server: ServerProcess, tiny_model: Path, tmp_path: Path
+) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"instruction": "a", "output": "b"}\n{"instruction": "c", "output": "d"}\n{"instruction": oops}\n')
+    with server.client() as client:
+        missing_model = client.start(job_request(tmp_path / "no-such-model"))
+        bad_data = client.start(job_request(tiny_model, local_datasets=[str(bad)]))
+
+        model_events = collect(client, missing_model)
+        assert phases(model_events) == ["idle", "loading_model", "error"]
+        error = model_events[-1].data
+        assert error["details"]["error_code"] == "model_not_found"
+        assert str(tmp_path / "no-such-model") in error["error"] and "does not exist" in error["error"]
+
+        data_events = collect(client, bad_data)
+        assert phases(data_events) == ["idle", "loading_model", "loading_dataset", "error"]
+        error = data_events[-1].data
+        assert error["details"]["error_code"] == "dataset_invalid"
+        assert f"{bad}, line 3: bad JSON" in error["error"]
+
+        # A dataset path that does not exist is refused at once, with the reason.
+        refused = httpx.post(f"{server.url}/train/start", json=job_request(tiny_model, local_datasets=["/nope.jsonl"]))
+        assert refused.status_code == 400
+        assert refused.json()["status"] == "error" and "/nope.jsonl" in refused.json()["error"]
+
+        assert client.health() == {"status": "ok"}
+        good = client.start(job_request(tiny_model, max_steps=2))
+        assert phases(collect(client, good))[-1] == "completed"
+
+
+def test_a_killed_child_ends_its_job_in_error_and_the_next_job_runs(server: ServerProcess, tiny_model: Path) -> None:
+    with server.client() as client:
+        victim = client.start(job_request(tiny_model, max_steps=3000))
+        after = client.start(job_request(tiny_model, max_steps=3))
+        wait_for(lambda: client.progress(victim), what="the first training step")
+        pid = client.status(victim)["details"]["worker_pid"]
+        os.kill(pid, signal.SIGKILL)
+
+        events = collect(client, victim)
+        final = events[-1].data
+        assert final["phase"] == "error"
+        assert final["details"]["error_code"] == "worker_died"
+        assert final["details"]["signal"] == "SIGKILL"
+        assert "killed by SIGKILL" in final["error"]
+
+        assert phases(collect(client, after)) == SEED_ORDER
+
+
+def test_a_restarted_server_serves_old_jobs_and_ends_orphans(start_server, tiny_model: Path, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    server = start_server()
+    with server.client() as client:
+        done = client.start(job_request(tiny_model, max_steps=3))
+        done_events = collect(client, done)
+        orphan = client.start(job_request(tiny_model, max_steps=3000))
+        waiting = client.start(job_request(tiny_model, max_steps=2))
+        wait_for(lambda: client.progress(orphan), what="the orphan to train")
+        pid = client.status(orphan)["details"]["worker_pid"]
+
+    server.kill()  # SIGKILL: no clean shutdown, the child is left behind
+    server.start()
+    with server.client() as client:
+        # Old jobs and their full event logs survive.
+        assert [(e.id, e.data) for e in collect(client, done)] == [(e.id, e.data) for e in done_events]
+        orphan_final = collect(client, orphan)[-1].data
+        assert orphan_final["phase"] == "error"
+        assert orphan_final["details"]["error_code"] == "server_restarted"
+        wait_for(lambda: not _alive(pid), timeout=30, what="the orphaned child to be gone")
+        # The queued job runs after the restart.
+        assert phases(collect(client, waiting)) == SEED_ORDER
+        assert all(s["phase"] in ("completed", "error", "stopped") for s in client.jobs())
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}").exists() and "Z" not in Path(f"/proc/{pid}/stat").read_text().split()[2]

@@ -1,0 +1,155 @@
+"""The API in-process with scripted workers: routes, errors, auth and the supervisor's
+stop escalation, without the cost of real training."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from finetune_studio.api.app import create_app
+from finetune_studio.config import Settings
+from finetune_studio.worker.launcher import LocalProcessLauncher
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def make_client(tmp_path: Path, **settings: Any) -> TestClient:
+    config = Settings(data_dir=tmp_path, stop_grace_seconds=0.5, kill_grace_seconds=0.5, **settings)
+    app = create_app(config, launcher=LocalProcessLauncher(module="tests.unit.scripted_worker"))
+    return TestClient(app)
+
+
+@pytest.fixture
+def client(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[TestClient]:
+    monkeypatch.chdir(REPO)  # the scripted worker is imported from the repository
+    with make_client(tmp_path) as test_client:
+        yield test_client
+
+
+def request(tmp_path: Path, mode: str = "polite") -> dict[str, Any]:
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"text": "x"}\n')
+    return {"model_name": "m", "training_type": "LoRA/QLoRA", "format_type": "raw", "local_datasets": [str(data)], "project_name": mode}
+
+
+def events(client: TestClient, job_id: str) -> list[tuple[str, dict]]:
+    import json
+
+    from finetune_studio.cli.client import parse_sse
+
+    response = client.get(f"/train/stream/{job_id}")
+    return [(kind, json.loads(data)) for _, kind, data in parse_sse(iter(response.text.splitlines()))]
+
+
+def wait_phase(client: TestClient, job_id: str, phase: str) -> None:
+    import time
+
+    for _ in range(400):
+        if client.get(f"/train/status/{job_id}").json()["phase"] == phase:
+            return
+        time.sleep(0.025)
+    raise AssertionError(f"{job_id} never reached {phase}")
+
+
+def test_health_and_openapi(client: TestClient) -> None:
+    assert client.get("/health").json() == {"status": "ok"}
+    paths = client.get("/openapi.json").json()["paths"]
+    assert {"/train/start", "/train/status/{job_id}", "/train/progress/{job_id}", "/train/stream/{job_id}",
+            "/train/stop/{job_id}", "/train/jobs", "/health"} <= set(paths)
+
+
+def test_unknown_job_is_404_everywhere(client: TestClient) -> None:
+    for method, path in [("get", "/train/status/x"), ("get", "/train/progress/x"), ("get", "/train/stream/x"), ("post", "/train/stop/x")]:
+        response = getattr(client, method)(path)
+        assert response.status_code == 404 and "no job with id 'x'" in response.json()["detail"]
+
+
+def test_schema_errors_are_422(client: TestClient, tmp_path: Path) -> None:
+    response = client.post("/train/start", json={**request(tmp_path), "learning_rate": "fast"})
+    assert response.status_code == 422
+    assert "learning_rate must be a number" in response.text
+
+
+def test_progress_is_204_until_a_step_then_the_latest(client: TestClient, tmp_path: Path) -> None:
+    job_id = client.post("/train/start", json=request(tmp_path)).json()["job_id"]
+    wait_phase(client, job_id, "training")
+    for _ in range(100):
+        if client.get(f"/train/progress/{job_id}").status_code == 200:
+            break
+    assert client.get(f"/train/progress/{job_id}").json()["step"] == 1
+    client.post(f"/train/stop/{job_id}")
+    wait_phase(client, job_id, "stopped")
+
+
+def test_a_polite_worker_stops_when_asked(client: TestClient, tmp_path: Path) -> None:
+    job_id = client.post("/train/start", json=request(tmp_path)).json()["job_id"]
+    wait_phase(client, job_id, "training")
+    assert client.post(f"/train/stop/{job_id}").json()["details"]["stop_requested"] is True
+    final = events(client, job_id)[-1][1]
+    assert final["phase"] == "stopped" and final["details"]["adapter_dir"] == "none"
+    assert client.post(f"/train/stop/{job_id}").status_code == 409
+
+
+def test_a_stubborn_worker_is_killed_after_the_grace_and_ends_stopped(client: TestClient, tmp_path: Path) -> None:
+    job_id = client.post("/train/start", json=request(tmp_path, "stubborn")).json()["job_id"]
+    wait_phase(client, job_id, "training")
+    client.post(f"/train/stop/{job_id}")
+    final = events(client, job_id)[-1][1]
+    assert final["phase"] == "stopped"
+    assert "killed by SIGKILL" in final["message"] and "grace period" in final["message"]
+
+
+def test_a_crashing_worker_ends_in_worker_died_and_the_queue_moves_on(client: TestClient, tmp_path: Path) -> None:
+    crash = client.post("/train/start", json=request(tmp_path, "crash")).json()["job_id"]
+    after = client.post("/train/start", json=request(tmp_path)).json()["job_id"]
+    final = events(client, crash)[-1][1]
+    assert final["phase"] == "error" and final["details"]["error_code"] == "worker_died"
+    assert final["details"]["exit_code"] == 3 and "exited with code 3" in final["error"]
+    wait_phase(client, after, "training")
+    client.post(f"/train/stop/{after}")
+    wait_phase(client, after, "stopped")
+
+
+def test_the_queue_limit_refuses_with_429(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(REPO)
+    with make_client(tmp_path, max_queued_jobs=1) as client:
+        first = client.post("/train/start", json=request(tmp_path, "stubborn")).json()["job_id"]
+        wait_phase(client, first, "training")  # running jobs do not count as queued
+        assert client.post("/train/start", json=request(tmp_path)).status_code == 200
+        refused = client.post("/train/start", json=request(tmp_path))
+        assert refused.status_code == 429
+        assert refused.json()["status"] == "error" and "queue is full" in refused.json()["error"]
+
+
+def test_a_token_guards_every_route_but_health(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(REPO)
+    with make_client(tmp_path, token="s3cret") as client:
+        assert client.get("/health").status_code == 200
+        for method, path in [("get", "/train/jobs"), ("get", "/train/status/x"), ("get", "/train/stream/x"),
+                             ("post", "/train/stop/x"), ("post", "/train/start")]:
+            assert getattr(client, method)(path).status_code == 401
+            assert getattr(client, method)(path, headers={"Authorization": "Bearer wrong"}).status_code == 401
+        assert client.get("/train/jobs", headers={"Authorization": "Bearer s3cret"}).json() == {"data": [], "count": 0}
+
+
+def test_the_server_never_imports_torch_or_transformers(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from fastapi.testclient import TestClient\n"
+        "from finetune_studio.api.app import create_app\n"
+        "from finetune_studio.cli.main import main\n"
+        "from finetune_studio.config import Settings\n"
+        f"with TestClient(create_app(Settings(data_dir={str(tmp_path)!r}))) as c:\n"
+        "    c.get('/train/jobs')\n"
+        "heavy = sorted(m for m in ('torch', 'transformers', 'peft', 'trl', 'datasets') if m in sys.modules)\n"
+        "print(heavy)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]"
