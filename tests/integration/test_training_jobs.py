@@ -212,3 +212,20 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return Path(f"/proc/{pid}").exists() and "Z" not in Path(f"/proc/{pid}/stat").read_text().split()[2]
+
+
+def test_a_clean_server_shutdown_stops_and_saves_the_running_job(start_server, tiny_model: Path) -> None:  # type: ignore[no-untyped-def]
+    server = start_server()
+    with server.client() as client:
+        running = client.start(job_request(tiny_model, max_steps=3000))
+        waiting = client.start(job_request(tiny_model, max_steps=2))
+        wait_for(lambda: client.progress(running), what="the first training step")
+    server.stop()  # SIGTERM: the supervisor stops the child, which saves
+    # uvicorn re-raises the signal once its graceful shutdown is done.
+    assert server.process is not None and server.process.returncode in (0, -signal.SIGTERM)
+    server.start()
+    with server.client() as client:
+        final = collect(client, running)[-1].data
+        assert final["phase"] == "stopped"
+        assert (Path(final["details"]["adapter_dir"]) / "adapter_model.safetensors").is_file()
+        assert phases(collect(client, waiting)) == SEED_ORDER
