@@ -58,6 +58,22 @@ def _make_tiny_model(args: argparse.Namespace) -> int:
     return 0
 
 
+def _export(args: argparse.Namespace) -> int:
+    from finetune_studio.cli.export import ExportError, export_merged, find_job_dir
+    from finetune_studio.config import get_settings
+
+    data_dir = Path(args.data_dir).expanduser() if args.data_dir else get_settings().data_dir
+    try:
+        job_dir = find_job_dir(args.job_id, data_dir)
+        print(f"merging {job_dir} into a {args.dtype} model ...", flush=True)
+        out = export_merged(job_dir, Path(args.merged), args.dtype)
+    except ExportError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(f"wrote {out} (load it with AutoModelForCausalLM.from_pretrained({str(out)!r}))")
+    return 0
+
+
 def _watch(client: StudioClient, job_id: str, view: ProgressView) -> dict:
     final: dict = {}
     for event in client.stream(job_id):
@@ -168,6 +184,13 @@ def build_parser() -> argparse.ArgumentParser:
     tiny = commands.add_parser("make-tiny-model", help="write a tiny random Llama (for tests and trials)")
     tiny.add_argument("directory")
     tiny.set_defaults(func=_make_tiny_model)
+
+    export = commands.add_parser("export", help="write a job's result as a merged 16-bit model")
+    export.add_argument("job_id", help="a job id (or a job folder)")
+    export.add_argument("--merged", required=True, metavar="DIR", help="the new folder to write")
+    export.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    export.add_argument("--data-dir", default=None, help="the server's data directory (default as for serve)")
+    export.set_defaults(func=_export)
 
     watch = commands.add_parser("watch", help="follow a job's progress in the terminal")
     watch.add_argument("job_id")

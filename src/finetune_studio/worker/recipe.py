@@ -1,41 +1,45 @@
 """The training recipe run by each child, top to bottom: model, data, trainer, train, save.
 
-This is the only module (with `callbacks.py` and `tiny_model.py`) that imports torch,
-transformers, peft or trl, and it does so only once the job has announced
-`loading_model`, so the server hears from the child within a fraction of a second.
+This is the only module (with `callbacks.py`, `models.py` and `tiny_model.py`) that
+imports torch, transformers, peft or trl, and it does so only once the job has
+announced `loading_model`, so the server hears from the child within a fraction of
+a second.
+
+Every request field either does what it says or, where this machine cannot (4-bit
+loading or 8-bit optimizers without CUDA and bitsandbytes, say), falls back to what
+works and says so in `details.warnings`.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import os
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
-from finetune_studio.schemas import SECRET_FIELDS, TrainingStartRequest
+from finetune_studio.schemas import TrainingStartRequest
 from finetune_studio.worker.data import LoadedData, load_local
+from finetune_studio.worker.models import ModelSource, load_tokenizer_and_model, resolve_source
 from finetune_studio.worker.protocol import Channel, JobFailure, StopSignal
 
-# Request fields that this version accepts but does not act on yet, with the value
-# that means "not used". A request that sets one gets a warning, never silence.
-NOT_YET_SUPPORTED: dict[str, Any] = {
-    "hf_dataset": None,
-    "local_eval_datasets": [],
-    "eval_split": None,
-    "eval_steps": 0.0,
-    "subset": None,
-    "custom_format_mapping": None,
-    "use_loftq": False,
-    "train_on_completions": False,
-    "enable_wandb": False,
-    "enable_tensorboard": False,
-    "resume_from_checkpoint": None,
-    "gpu_ids": None,
-}
+JOB_FILE = "job.json"  # what export needs to find the base model again
 
 
-def _looks_like_path(name: str) -> bool:
-    return name.startswith(("/", "./", "../", "~", "\\")) or name.count("/") > 1 or name.endswith(".gguf")
+def has_module(name: str) -> bool:
+    return importlib.util.find_spec(name) is not None
+
+
+def latest_checkpoint(folder: Path) -> Optional[Path]:
+    """The checkpoint-N with the highest N under folder (or folder/checkpoints)."""
+    found = []
+    for base in (folder, folder / "checkpoints"):
+        for path in base.glob("checkpoint-*"):
+            suffix = path.name.rsplit("-", 1)[-1]
+            if path.is_dir() and suffix.isdigit() and (path / "trainer_state.json").is_file():
+                found.append((int(suffix), path))
+    return max(found)[1] if found else None
 
 
 class Recipe:
@@ -44,6 +48,7 @@ class Recipe:
         self.stop = stop
         self.job_id: str = spec["job_id"]
         self.output_dir = Path(spec["output_dir"])
+        self.jobs_dir = self.output_dir.parent
         self.phase = "idle"
         self.facts: dict[str, Any] = {"output_dir": str(self.output_dir), "worker_pid": os.getpid()}
         for warning in spec.get("warnings", []):
@@ -56,9 +61,15 @@ class Recipe:
             raise JobFailure("config_invalid", f"the request is not valid: {exc}") from None
         for name in self.request.unknown_fields():
             channel.warn(f"unknown field {name!r} ignored")
-        for name, unused in NOT_YET_SUPPORTED.items():
-            if getattr(self.request, name) not in (unused, None) and name not in SECRET_FIELDS:
-                channel.warn(f"{name} is not supported yet and was ignored")
+        if self.request.gpu_ids:
+            # Must be set before torch first looks at CUDA.
+            os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in self.request.gpu_ids)
+
+    @property
+    def method(self) -> str:
+        """"lora" or "full"."""
+        request = self.request
+        return "full" if request.training_type == "Full Finetuning" or not request.use_lora else "lora"
 
     def details(self) -> dict[str, Any]:
         return dict(self.facts)
@@ -72,24 +83,33 @@ class Recipe:
 
     def run(self) -> None:
         request = self.request
-        self.enter("loading_model", f"Loading model {request.model_name}")
-        model, tokenizer = self.load_model()
+        self.enter("loading_model", f"Loading model {request.model_local_path or request.model_name}")
+        resume_from = self.resume_checkpoint()
+        source = resolve_source(request.model_local_path or request.model_name)
+        tokenizer, model = self.load_model(source)
+        self.facts["model_parameters"] = sum(p.numel() for p in model.parameters())
         self.stop.check()
 
-        self.enter("loading_dataset", f"Reading {len(request.local_datasets)} dataset file(s)",
-                   model_parameters=sum(p.numel() for p in model.parameters()))
-        data = self.load_data()
-        self.facts["dataset"] = {"rows": len(data.rows), "format": data.shape, "files": data.per_file}
+        self.enter("loading_dataset", "Reading and checking the dataset")
+        train_data = self.load_data()
+        eval_data = self.load_eval_data()
+        self.facts["dataset"] = {"rows": len(train_data.rows), "format": train_data.shape, "files": train_data.per_file}
+        if eval_data is not None:
+            self.facts["eval_dataset"] = {"rows": len(eval_data.rows), "format": eval_data.shape}
 
-        self.enter("configuring", f"Read {len(data.rows)} rows ({data.shape}); preparing the trainer")
-        trainer = self.build_trainer(model, tokenizer, data)
+        self.enter("configuring", f"Read {len(train_data.rows)} rows ({train_data.shape}); preparing the trainer")
+        trainer = self.build_trainer(model, tokenizer, train_data, eval_data)
+        self.write_job_file(source)
         self.stop.check()
 
         # The `training` status is sent by the callback once the trainer knows its steps.
-        result = trainer.train()
+        result = trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
         final = trainer.state.global_step
         self.facts["train_loss"] = result.training_loss
         self.facts["steps"] = final
+        checkpoint = latest_checkpoint(self.output_dir)
+        if checkpoint is not None:
+            self.facts["last_checkpoint"] = str(checkpoint)
         self.save(trainer, tokenizer)
         if self.stop.is_set():
             self.phase = "stopped"
@@ -98,53 +118,69 @@ class Recipe:
                 f"Stopped at step {final} of {trainer.state.max_steps} ({self.stop.reason}); what was trained is saved",
                 details=self.details(),
             )
-        else:
-            self.phase = "completed"
-            self.channel.status("completed", f"Training completed: {final} steps", details=self.details())
+            return
+        if eval_data is not None and not request.eval_steps:
+            metrics = trainer.evaluate()
+            self.facts["eval_loss"] = metrics.get("eval_loss")
+        self.phase = "completed"
+        self.channel.status("completed", f"Training completed: {final} steps", details=self.details())
+
+    def start_training(self, total_steps: int, first_step: int) -> None:
+        """Called by the callback when the trainer begins."""
+        extra = {"resumed_from_step": first_step} if first_step else {}
+        message = f"Training for {total_steps} steps" + (f", resuming after step {first_step}" if first_step else "")
+        self.enter("training", message, total_steps=total_steps, **extra)
 
     # -- model --------------------------------------------------------------
 
-    def load_model(self) -> tuple[Any, Any]:
+    def load_model(self, source: ModelSource) -> tuple[Any, Any]:
         import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
 
         request = self.request
-        source = request.model_local_path or request.model_name
-        path = Path(source).expanduser()
         cuda = torch.cuda.is_available()
-        if path.exists():
-            if path.is_file():
-                raise JobFailure("model_not_found", f"{path} is a file; name a Hugging Face model folder (with config.json)")
-            if not (path / "config.json").is_file():
-                raise JobFailure("model_not_found", f"{path} is not a Hugging Face model folder: it has no config.json")
-            source = str(path)
-        elif _looks_like_path(source):
-            raise JobFailure("model_not_found", f"the model path {source} does not exist; name a local model folder")
+        if request.gpu_ids and not cuda:
+            self.channel.warn("gpu_ids was given but no CUDA GPU is visible; training runs on the CPU")
+        quantization = None
+        if request.load_in_4bit:
+            if self.method == "full":
+                self.channel.warn("load_in_4bit does not apply to full fine-tuning; the model is loaded in full precision")
+            elif source.kind == "gguf":
+                self.channel.warn("a GGUF model is dequantized on loading; load_in_4bit is not applied")
+            elif cuda and has_module("bitsandbytes"):
+                from transformers import BitsAndBytesConfig
 
-        if request.load_in_4bit and not (cuda and _has_module("bitsandbytes")):
-            self.channel.warn("load_in_4bit needs CUDA and bitsandbytes; the model is loaded in full precision")
-        dtype = torch.bfloat16 if cuda and torch.cuda.is_bf16_supported() else torch.float32
-        kwargs: dict[str, Any] = {"trust_remote_code": request.trust_remote_code}
-        if request.hf_token:
-            kwargs["token"] = request.hf_token
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
-            model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **kwargs)
-        except OSError as exc:
-            if source == request.model_name and not Path(source).exists():
-                raise JobFailure(
-                    "model_not_found",
-                    f"cannot load {source!r} from the Hugging Face hub ({_first_line(exc)}); if the hub cannot be"
-                    " reached, name a local folder or file",
-                ) from None
-            raise JobFailure("model_not_found", f"cannot load the model from {source}: {_first_line(exc)}") from None
-        except ValueError as exc:
-            raise JobFailure("model_not_found", f"cannot load the model from {source}: {_first_line(exc)}") from None
-        if tokenizer.pad_token is None:
-            tokenizer.pad_token = tokenizer.eos_token
-        if cuda:
+                quantization = BitsAndBytesConfig(
+                    load_in_4bit=True,
+                    bnb_4bit_quant_type="nf4",
+                    bnb_4bit_use_double_quant=True,
+                    bnb_4bit_compute_dtype=torch.bfloat16,
+                )
+            else:
+                self.channel.warn("load_in_4bit needs CUDA and bitsandbytes; the model is loaded in full precision (LoRA, not QLoRA)")
+        # LoRA trains small adapters beside frozen weights: bf16 weights are fine on a GPU.
+        # Full fine-tuning keeps fp32 master weights (bf16 autocast does the math).
+        bf16 = cuda and torch.cuda.is_bf16_supported()
+        dtype = torch.bfloat16 if bf16 and self.method == "lora" else torch.float32
+        tokenizer, model = load_tokenizer_and_model(
+            source,
+            dtype=dtype,
+            trust_remote_code=request.trust_remote_code,
+            token=request.hf_token,
+            quantization_config=quantization,
+        )
+        self.facts["model_source"] = source.kind
+        if quantization is not None:
+            from peft import prepare_model_for_kbit_training
+
+            model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=self.gradient_checkpointing)
+            self.facts["quantized"] = "4bit"
+        elif cuda:
             model = model.to("cuda")
-        return model, tokenizer
+        return tokenizer, model
+
+    @property
+    def gradient_checkpointing(self) -> bool:
+        return self.request.gradient_checkpointing.strip().lower() not in ("", "false", "none", "0", "off")
 
     # -- data ---------------------------------------------------------------
 
@@ -164,9 +200,31 @@ class Recipe:
                 )
         return data
 
+    def load_eval_data(self) -> Optional[LoadedData]:
+        if not self.request.local_eval_datasets:
+            return None
+        return load_local(self.request.local_eval_datasets, self.request.format_type)
+
+    def trainer_rows(self, tokenizer: Any, data: LoadedData) -> list[dict[str, Any]]:
+        """Rows in the form the trainer takes, per training type and loss choice."""
+        request = self.request
+        if request.training_type == "Continued Pretraining":
+            # Raw text, loss on every token: conversations are flattened with the template.
+            if not data.is_conversational:
+                return data.rows
+            return [{"text": tokenizer.apply_chat_template(row["messages"], tokenize=False)} for row in data.rows]
+        if request.train_on_completions:
+            if not data.is_conversational:
+                self.channel.warn("train_on_completions needs conversations (not raw text); the loss covers every token")
+                return data.rows
+            from finetune_studio.worker.completions import tokenize_with_assistant_mask
+
+            return [tokenize_with_assistant_mask(tokenizer, row["messages"]) for row in data.rows]
+        return data.rows
+
     # -- trainer ------------------------------------------------------------
 
-    def build_trainer(self, model: Any, tokenizer: Any, data: LoadedData) -> Any:
+    def build_trainer(self, model: Any, tokenizer: Any, data: LoadedData, eval_data: Optional[LoadedData]) -> Any:
         import torch
         from datasets import Dataset
         from trl import SFTConfig, SFTTrainer
@@ -175,17 +233,42 @@ class Recipe:
 
         request = self.request
         cuda = torch.cuda.is_available()
-        if data.is_conversational and not tokenizer.chat_template:
+        if (data.is_conversational or request.training_type == "Continued Pretraining") and not tokenizer.chat_template:
             from finetune_studio.worker.tiny_model import CHATML_TEMPLATE
 
             tokenizer.chat_template = CHATML_TEMPLATE
             self.channel.warn("the tokenizer has no chat template; ChatML is used")
 
         optim = request.optim
-        if "8bit" in optim and not (cuda and _has_module("bitsandbytes")):
+        if "8bit" in optim and not (cuda and has_module("bitsandbytes")):
             optim = "adamw_torch"
             self.channel.warn(f"optim {request.optim} needs CUDA and bitsandbytes; adamw_torch is used")
-        gradient_checkpointing = request.gradient_checkpointing.strip().lower() not in ("", "false", "none", "0")
+
+        report_to = []
+        if request.enable_wandb:
+            if has_module("wandb"):
+                report_to.append("wandb")
+                if request.wandb_token:
+                    os.environ["WANDB_API_KEY"] = request.wandb_token
+                if request.wandb_project:
+                    os.environ["WANDB_PROJECT"] = request.wandb_project
+            else:
+                self.channel.warn("enable_wandb: wandb is not installed (pip install wandb); not logging to W&B")
+        if request.enable_tensorboard:
+            if has_module("tensorboard") or has_module("tensorboardX"):
+                report_to.append("tensorboard")
+                self.facts["tensorboard_dir"] = request.tensorboard_dir or str(self.output_dir / "tensorboard")
+            else:
+                self.channel.warn("enable_tensorboard: tensorboard is not installed (pip install tensorboard); not logging")
+        if self.facts.get("tensorboard_dir"):
+            os.environ["TENSORBOARD_LOGGING_DIR"] = self.facts["tensorboard_dir"]
+
+        evaluation: dict[str, Any] = {"eval_strategy": "no"}
+        if eval_data is not None and request.eval_steps:
+            # Below 1, transformers reads eval_steps as a fraction of the total steps.
+            evaluation = {"eval_strategy": "steps", "eval_steps": request.eval_steps, "per_device_eval_batch_size": request.batch_size}
+        elif request.eval_steps and eval_data is None:
+            self.channel.warn("eval_steps is set but there is no evaluation data (local_eval_datasets or eval_split)")
 
         max_steps = request.max_steps if request.max_steps and request.max_steps > 0 else -1
         warmup: float = request.warmup_steps if request.warmup_steps is not None else (request.warmup_ratio or 0)
@@ -207,57 +290,95 @@ class Recipe:
             logging_steps=1,
             save_strategy="steps" if request.save_steps > 0 else "no",
             save_steps=max(request.save_steps, 1),
-            report_to="none",
+            report_to=report_to or "none",
             disable_tqdm=True,
             use_cpu=not cuda,
             bf16=cuda and torch.cuda.is_bf16_supported(),
             fp16=False,
-            gradient_checkpointing=gradient_checkpointing,
-            gradient_checkpointing_kwargs={"use_reentrant": False} if gradient_checkpointing else None,
+            gradient_checkpointing=self.gradient_checkpointing,
+            gradient_checkpointing_kwargs={"use_reentrant": False} if self.gradient_checkpointing else None,
             max_length=request.max_seq_length,
             packing=request.packing,
             dataloader_num_workers=0,
             completion_only_loss=False,
+            **evaluation,
         )
-        peft_config = None
-        if request.training_type == "Continued Pretraining":
-            self.channel.warn("Continued Pretraining is not supported yet; the data is trained as LoRA/QLoRA")
-        if request.use_lora and request.training_type != "Full Finetuning":
-            from peft import LoraConfig
-
-            peft_config = LoraConfig(
-                r=request.lora_r,
-                lora_alpha=request.lora_alpha,
-                lora_dropout=request.lora_dropout,
-                target_modules=request.target_modules or "all-linear",
-                use_rslora=request.use_rslora,
-                use_dora=request.use_dora,
-                bias="none",
-                task_type="CAUSAL_LM",
-            )
-        self.facts["method"] = "lora" if peft_config else "full"
+        peft_config = self.lora_config() if self.method == "lora" else None
+        self.facts["method"] = self.method
+        self.facts["training_type"] = request.training_type
         try:
             return SFTTrainer(
                 model=model,
                 args=config,
-                train_dataset=Dataset.from_list(data.rows),
+                train_dataset=Dataset.from_list(self.trainer_rows(tokenizer, data)),
+                eval_dataset=Dataset.from_list(self.trainer_rows(tokenizer, eval_data)) if eval_data else None,
                 processing_class=tokenizer,
                 peft_config=peft_config,
                 callbacks=[ProgressCallback(self)],
             )
         except ValueError as exc:
-            if "target modules" in str(exc).lower() or "target_modules" in str(exc):
+            text = str(exc)
+            if "target_modules" in text or "target modules" in text.lower():
                 raise JobFailure(
                     "config_invalid",
-                    f"target_modules {request.target_modules} do not match this model's layers: {_first_line(exc)}",
+                    f"target_modules {request.target_modules} do not match this model's layers: {text.splitlines()[0]}",
                 ) from None
             raise
 
+    def lora_config(self) -> Any:
+        from peft import LoraConfig
+
+        request = self.request
+        extra: dict[str, Any] = {}
+        if request.use_loftq:
+            from peft import LoftQConfig
+
+            extra = {"init_lora_weights": "loftq", "loftq_config": LoftQConfig(loftq_bits=4, loftq_iter=1)}
+        return LoraConfig(
+            r=request.lora_r,
+            lora_alpha=request.lora_alpha,
+            lora_dropout=request.lora_dropout,
+            target_modules=request.target_modules or "all-linear",
+            use_rslora=request.use_rslora,
+            use_dora=request.use_dora,
+            bias="none",
+            task_type="CAUSAL_LM",
+            **extra,
+        )
+
+    # -- resume -------------------------------------------------------------
+
+    def resume_checkpoint(self) -> Optional[Path]:
+        """The checkpoint named by resume_from_checkpoint: a checkpoint folder, a job folder, or a job id."""
+        wanted = self.request.resume_from_checkpoint
+        if not wanted:
+            return None
+        path = Path(wanted).expanduser()
+        if not path.exists() and "/" not in wanted:
+            path = self.jobs_dir / wanted  # a previous job's id
+            if not path.is_dir():
+                raise JobFailure("config_invalid", f"resume_from_checkpoint: {wanted!r} is neither a checkpoint folder nor a job id")
+        if (path / "trainer_state.json").is_file():
+            return path
+        found = latest_checkpoint(path) if path.is_dir() else None
+        if found is None:
+            raise JobFailure(
+                "config_invalid",
+                f"resume_from_checkpoint: no checkpoint in {path} (a job saves one every save_steps, and when it is stopped)",
+            )
+        self.facts["resumed_from"] = str(found)
+        return found
+
     # -- outputs ------------------------------------------------------------
+
+    def write_job_file(self, source: ModelSource) -> None:
+        record = {"job_id": self.job_id, "base_model": source.to_json(), "method": self.method,
+                  "training_type": self.request.training_type, "trust_remote_code": self.request.trust_remote_code}
+        (self.output_dir / JOB_FILE).write_text(json.dumps(record, indent=2))
 
     def save(self, trainer: Any, tokenizer: Any) -> None:
         """Write the adapter (or model) atomically: a folder appears complete or not at all."""
-        name = "adapter" if self.facts.get("method") == "lora" else "model"
+        name = "adapter" if self.method == "lora" else "model"
         final = self.output_dir / name
         partial = self.output_dir / f".{name}.partial"
         shutil.rmtree(partial, ignore_errors=True)
@@ -267,18 +388,3 @@ class Recipe:
             shutil.rmtree(final)
         os.replace(partial, final)
         self.facts[f"{name}_dir"] = str(final)
-
-    def start_training(self, total_steps: int) -> None:
-        """Called by the callback when the trainer begins."""
-        self.enter("training", f"Training for {total_steps} steps", total_steps=total_steps)
-
-
-def _has_module(name: str) -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec(name) is not None
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
