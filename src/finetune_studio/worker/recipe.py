@@ -295,8 +295,7 @@ class Recipe:
             use_cpu=not cuda,
             bf16=cuda and torch.cuda.is_bf16_supported(),
             fp16=False,
-            gradient_checkpointing=self.gradient_checkpointing,
-            gradient_checkpointing_kwargs={"use_reentrant": False} if self.gradient_checkpointing else None,
+            **self.checkpointing_args(SFTConfig),
             max_length=request.max_seq_length,
             packing=request.packing,
             dataloader_num_workers=0,
@@ -324,6 +323,15 @@ class Recipe:
                     f"target_modules {request.target_modules} do not match this model's layers: {text.splitlines()[0]}",
                 ) from None
             raise
+
+    def checkpointing_args(self, config_class: Any) -> dict[str, Any]:
+        """Activation (gradient) checkpointing, under the name this transformers uses."""
+        import dataclasses
+
+        names = {field.name for field in dataclasses.fields(config_class)}
+        prefix = "activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing"
+        on = self.gradient_checkpointing
+        return {prefix: on, f"{prefix}_kwargs": {"use_reentrant": False} if on else None}
 
     def lora_config(self) -> Any:
         from peft import LoraConfig

