@@ -1,0 +1,91 @@
+// The server's HTTP API: JSON requests that carry the API token, and its error shapes.
+
+const TOKEN_KEY = "finetune-studio.token";
+
+export function getToken() {
+  try {
+    return localStorage.getItem(TOKEN_KEY) || "";
+  } catch {
+    return "";
+  }
+}
+
+export function setToken(token) {
+  const value = token.trim();
+  try {
+    if (value) localStorage.setItem(TOKEN_KEY, value);
+    else localStorage.removeItem(TOKEN_KEY);
+  } catch {
+    // Storage blocked: the token lives for this page only.
+  }
+  memoryToken = value;
+  window.dispatchEvent(new CustomEvent("studio:token"));
+}
+
+let memoryToken = getToken();
+
+export function authHeaders() {
+  const token = memoryToken || getToken();
+  return token ? { Authorization: `Bearer ${token}` } : {};
+}
+
+/** A refused request: `status` is the HTTP status, `body` the parsed answer (or text). */
+export class ApiError extends Error {
+  constructor(status, body) {
+    super(errorLines(status, body).join("\n"));
+    this.status = status;
+    this.body = body;
+  }
+
+  get lines() {
+    return errorLines(this.status, this.body);
+  }
+}
+
+/** The server's error text as lines: `error` (our refusals), `detail` (FastAPI's 422 list or a string). */
+export function errorLines(status, body) {
+  if (body && typeof body === "object") {
+    if (typeof body.error === "string" && body.error) return [body.error];
+    if (Array.isArray(body.detail)) {
+      return body.detail.map((item) => {
+        const loc = (item.loc || []).filter((part) => part !== "body").join(".");
+        const msg = String(item.msg || "invalid").replace(/^Value error, /, "");
+        return loc ? `${loc}: ${msg}` : msg;
+      });
+    }
+    if (typeof body.detail === "string") return [body.detail];
+  }
+  if (typeof body === "string" && body.trim()) return [`HTTP ${status}: ${body.trim().slice(0, 300)}`];
+  return [`HTTP ${status}`];
+}
+
+/** Fields named by a 422 answer, for marking them in the form. */
+export function invalidFields(body) {
+  if (!body || !Array.isArray(body.detail)) return [];
+  return body.detail.map((item) => (item.loc || [])[1]).filter((name) => typeof name === "string");
+}
+
+export async function api(path, { method = "GET", body, signal } = {}) {
+  const headers = { Accept: "application/json", ...authHeaders() };
+  if (body !== undefined) headers["Content-Type"] = "application/json";
+  const response = await fetch(path, {
+    method,
+    headers,
+    body: body === undefined ? undefined : JSON.stringify(body),
+    signal,
+    cache: "no-store",
+  });
+  if (response.status === 204) return null;
+  const text = await response.text();
+  let parsed = text;
+  try {
+    parsed = text ? JSON.parse(text) : null;
+  } catch {
+    // not JSON: keep the text
+  }
+  if (!response.ok) {
+    if (response.status === 401) window.dispatchEvent(new CustomEvent("studio:unauthorized"));
+    throw new ApiError(response.status, parsed);
+  }
+  return parsed;
+}

@@ -1,0 +1,88 @@
+// Words and numbers for people: phase names, durations, metrics, error codes.
+
+export const PHASES = ["idle", "loading_model", "loading_dataset", "configuring", "training"];
+export const TERMINAL = new Set(["completed", "error", "stopped"]);
+
+const PHASE_LABELS = {
+  idle: "Queued",
+  loading_model: "Loading model",
+  loading_dataset: "Loading data",
+  configuring: "Configuring",
+  training: "Training",
+  completed: "Completed",
+  error: "Failed",
+  stopped: "Stopped",
+};
+
+export function phaseLabel(phase) {
+  return PHASE_LABELS[phase] ?? phase;
+}
+
+// What each error code means and what to do about it; the server's own `error`
+// text is shown beneath, so these stay short.
+const ERROR_CODES = {
+  model_not_found: "The model could not be loaded",
+  dataset_invalid: "The dataset could not be read",
+  config_invalid: "The settings cannot be used together",
+  out_of_memory: "Out of memory: try a smaller batch size or max sequence length",
+  disk_full: "The disk is full",
+  worker_died: "The training process ended unexpectedly",
+  server_restarted: "The server restarted while this run was going; its checkpoints are kept",
+  training_failed: "Training failed",
+};
+
+export function errorHeadline(code) {
+  if (!code) return "The run failed";
+  return ERROR_CODES[code] ?? `The run failed (${code.replaceAll("_", " ")})`;
+}
+
+function pad2(n) {
+  return String(n).padStart(2, "0");
+}
+
+/** 42 -> "0:42", 725 -> "12:05", 3723 -> "1:02:03". */
+export function duration(seconds) {
+  if (seconds == null || !Number.isFinite(seconds) || seconds < 0) return "–";
+  const s = Math.round(seconds);
+  const h = Math.floor(s / 3600);
+  const m = Math.floor((s % 3600) / 60);
+  const rest = s % 60;
+  return h > 0 ? `${h}:${pad2(m)}:${pad2(rest)}` : `${m}:${pad2(rest)}`;
+}
+
+export function metric(value, digits = 4) {
+  if (value == null || !Number.isFinite(value)) return "–";
+  const abs = Math.abs(value);
+  if (abs !== 0 && (abs < 1e-3 || abs >= 1e5)) return value.toExponential(2);
+  return value.toFixed(digits);
+}
+
+export function rate(value) {
+  if (value == null || !Number.isFinite(value)) return "–";
+  if (value === 0) return "0";
+  return value.toExponential(2).replace("e-", "e−");
+}
+
+export function integer(value) {
+  if (value == null || !Number.isFinite(value)) return "–";
+  return Math.round(value).toLocaleString("en-US");
+}
+
+export function percent(value) {
+  if (value == null || !Number.isFinite(value)) return "–";
+  return `${value.toFixed(1)}%`;
+}
+
+/** 0.0002 -> "2e-4": how people write learning rates. */
+export function shortExp(value) {
+  if (typeof value !== "number" || !Number.isFinite(value)) return String(value ?? "");
+  const [mantissa, exp] = value.toExponential().split("e");
+  return `${Number(mantissa)}e${Number(exp)}`;
+}
+
+export function basename(path) {
+  if (!path) return "";
+  const trimmed = String(path).replace(/[\\/]+$/, "");
+  const parts = trimmed.split(/[\\/]/);
+  return parts[parts.length - 1] || trimmed;
+}

@@ -1,0 +1,124 @@
+// The metric history in IndexedDB: every status and progress event of every job
+// watched from this browser, keyed by [job_id, event id] so that storing an event
+// twice is impossible. A reload draws from here at once and resumes the stream
+// after the last stored id.
+//
+// Database "finetune-studio", store "events": {job_id, id, kind, data, stored_at}.
+
+const DB_NAME = "finetune-studio";
+const DB_VERSION = 1;
+export const EVENTS = "events";
+
+let opening = null;
+
+function request(req) {
+  return new Promise((resolve, reject) => {
+    req.onsuccess = () => resolve(req.result);
+    req.onerror = () => reject(req.error);
+  });
+}
+
+/** The database, or null where IndexedDB is unavailable (then history is not kept). */
+export function openHistory() {
+  if (!opening) {
+    opening = new Promise((resolve) => {
+      let req;
+      try {
+        req = indexedDB.open(DB_NAME, DB_VERSION);
+      } catch (error) {
+        console.warn("IndexedDB is unavailable; history will not survive a reload", error);
+        resolve(null);
+        return;
+      }
+      req.onupgradeneeded = () => {
+        const db = req.result;
+        if (!db.objectStoreNames.contains(EVENTS)) db.createObjectStore(EVENTS, { keyPath: ["job_id", "id"] });
+      };
+      req.onsuccess = () => {
+        const db = req.result;
+        // Another tab upgrading the schema: let it, and reopen on next use.
+        db.onversionchange = () => {
+          db.close();
+          opening = null;
+        };
+        resolve(db);
+      };
+      req.onerror = () => {
+        console.warn("IndexedDB could not be opened; history will not survive a reload", req.error);
+        resolve(null);
+      };
+      req.onblocked = () => console.warn("IndexedDB upgrade is blocked by another tab");
+    });
+  }
+  return opening;
+}
+
+function jobRange(jobId) {
+  return IDBKeyRange.bound([jobId, -Infinity], [jobId, Infinity]);
+}
+
+/**
+ * A job's stored events in id order, cut at the first gap: a write lost when a page
+ * was closed mid-flight then costs a replay of the events after it, never a hole.
+ */
+export async function loadEvents(jobId) {
+  const db = await openHistory();
+  if (!db) return [];
+  const rows = await request(db.transaction(EVENTS, "readonly").objectStore(EVENTS).getAll(jobRange(jobId)));
+  const events = [];
+  for (const row of rows) {
+    if (row.id !== events.length + 1) break;
+    events.push(row);
+  }
+  return events;
+}
+
+export async function clearHistory() {
+  const db = await openHistory();
+  if (!db) return;
+  await request(db.transaction(EVENTS, "readwrite").objectStore(EVENTS).clear());
+}
+
+/**
+ * Writes events in batches: one transaction per task turn. Read-write transactions
+ * on one store commit in the order they were created, so what is stored is always
+ * a prefix of the stream.
+ */
+export class HistoryWriter {
+  constructor() {
+    this.pending = [];
+    this.scheduled = false;
+    this.written = 0;
+    this.idle = Promise.resolve();
+  }
+
+  put(jobId, event) {
+    this.pending.push({ job_id: jobId, id: event.id, kind: event.kind, data: event.data, stored_at: Date.now() });
+    if (!this.scheduled) {
+      this.scheduled = true;
+      this.idle = new Promise((resolve) => setTimeout(() => this.flush().then(resolve, resolve), 0));
+    }
+  }
+
+  async flush() {
+    this.scheduled = false;
+    const batch = this.pending;
+    this.pending = [];
+    if (batch.length === 0) return;
+    const db = await openHistory();
+    if (!db) return;
+    try {
+      const tx = db.transaction(EVENTS, "readwrite");
+      const store = tx.objectStore(EVENTS);
+      for (const row of batch) store.put(row);
+      await new Promise((resolve, reject) => {
+        tx.oncomplete = resolve;
+        tx.onerror = () => reject(tx.error);
+        tx.onabort = () => reject(tx.error);
+      });
+      this.written += batch.length;
+    } catch (error) {
+      console.warn("could not store events in IndexedDB", error);
+    }
+  }
+}

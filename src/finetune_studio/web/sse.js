@@ -1,0 +1,219 @@
+// Server-Sent Events read with fetch(), so that requests can carry an
+// Authorization header (EventSource cannot). The parser follows the
+// text/event-stream rules of the HTML standard; the stream reconnects by itself,
+// sending Last-Event-ID, until the job's terminal status has arrived.
+
+import { authHeaders } from "./api.js";
+import { TERMINAL } from "./format.js";
+
+/** Incremental text/event-stream parser: push() text chunks, get {id, event, data} per event. */
+export class SSEParser {
+  constructor(onEvent, { onComment, onRetry } = {}) {
+    this.onEvent = onEvent;
+    this.onComment = onComment || (() => {});
+    this.onRetry = onRetry || (() => {});
+    this.partial = "";
+    this.afterCR = false; // a chunk ended on CR: a leading LF of the next one belongs to it
+    this.lastId = "";
+    this.resetEvent();
+  }
+
+  resetEvent() {
+    this.data = [];
+    this.type = "";
+  }
+
+  push(chunk) {
+    let start = 0;
+    for (let i = 0; i < chunk.length; i++) {
+      const c = chunk.charCodeAt(i);
+      if (this.afterCR) {
+        this.afterCR = false;
+        if (c === 10) {
+          start = i + 1;
+          continue;
+        }
+      }
+      if (c === 10 || c === 13) {
+        this.line(this.partial + chunk.slice(start, i));
+        this.partial = "";
+        start = i + 1;
+        this.afterCR = c === 13;
+      }
+    }
+    this.partial += chunk.slice(start);
+  }
+
+  line(text) {
+    if (text === "") {
+      this.dispatch();
+      return;
+    }
+    if (text.startsWith(":")) {
+      this.onComment(text.slice(1));
+      return;
+    }
+    const colon = text.indexOf(":");
+    const field = colon === -1 ? text : text.slice(0, colon);
+    let value = colon === -1 ? "" : text.slice(colon + 1);
+    if (value.startsWith(" ")) value = value.slice(1);
+    if (field === "data") this.data.push(value);
+    else if (field === "event") this.type = value;
+    else if (field === "id") {
+      if (!value.includes("\0")) this.lastId = value;
+    } else if (field === "retry") {
+      if (/^\d+$/.test(value)) this.onRetry(Number(value));
+    }
+  }
+
+  dispatch() {
+    if (this.data.length === 0) {
+      this.resetEvent();
+      return;
+    }
+    const event = { id: this.lastId, event: this.type || "message", data: this.data.join("\n") };
+    this.resetEvent();
+    this.onEvent(event);
+  }
+}
+
+function sleep(ms, signal) {
+  return new Promise((resolve) => {
+    const timer = setTimeout(done, ms);
+    signal.addEventListener("abort", done, { once: true });
+    function done() {
+      clearTimeout(timer);
+      signal.removeEventListener("abort", done);
+      resolve();
+    }
+  });
+}
+
+function waitForEvent(name, signal) {
+  return new Promise((resolve) => {
+    const done = () => {
+      window.removeEventListener(name, done);
+      signal.removeEventListener("abort", done);
+      resolve();
+    };
+    window.addEventListener(name, done);
+    signal.addEventListener("abort", done, { once: true });
+  });
+}
+
+/** Every stream connection made (job, Last-Event-ID sent): shown as window.__studio.connections. */
+export const connectionLog = [];
+
+/**
+ * A job's event stream, resumed after `lastEventId`, reconnecting with backoff.
+ *
+ * onEvent({id, kind, data}) gets each event once, in id order. onState({state, ...})
+ * reports: connecting, live, reconnecting (attempt, delayMs, reason), unauthorized,
+ * gone (404), ended (terminal status seen), closed.
+ */
+export class JobStream {
+  constructor(jobId, { lastEventId = 0, onEvent, onState }) {
+    this.jobId = jobId;
+    this.lastEventId = lastEventId;
+    this.onEvent = onEvent;
+    this.onState = onState || (() => {});
+    this.controller = new AbortController();
+    this.finished = false;
+    this.baseDelay = 500;
+  }
+
+  start() {
+    this.run().catch((error) => console.error("stream loop failed", error));
+    return this;
+  }
+
+  close() {
+    if (this.controller.signal.aborted) return;
+    this.controller.abort();
+    this.onState({ state: "closed" });
+  }
+
+  get closed() {
+    return this.controller.signal.aborted;
+  }
+
+  async run() {
+    const signal = this.controller.signal;
+    let failures = 0;
+    while (!this.closed && !this.finished) {
+      let received = 0;
+      let reason = "the connection closed";
+      try {
+        this.onState({ state: failures ? "reconnecting" : "connecting", attempt: failures });
+        const headers = { Accept: "text/event-stream", ...authHeaders() };
+        if (this.lastEventId > 0) headers["Last-Event-ID"] = String(this.lastEventId);
+        connectionLog.push({ job_id: this.jobId, last_event_id: this.lastEventId, at: Date.now() });
+        const response = await fetch(`train/stream/${encodeURIComponent(this.jobId)}`, {
+          headers,
+          signal,
+          cache: "no-store",
+        });
+        if (response.status === 401) {
+          window.dispatchEvent(new CustomEvent("studio:unauthorized"));
+          this.onState({ state: "unauthorized" });
+          await waitForEvent("studio:token", signal);
+          failures = 0;
+          continue;
+        }
+        if (response.status === 404) {
+          this.onState({ state: "gone" });
+          return;
+        }
+        if (!response.ok || !response.body) {
+          throw new Error(`the server answered HTTP ${response.status}`);
+        }
+        this.onState({ state: "live" });
+        const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+        const parser = new SSEParser((event) => {
+          if (this.accept(event)) received += 1;
+        }, { onRetry: (ms) => { this.baseDelay = Math.max(100, Math.min(ms, 30000)); } });
+        for (;;) {
+          const { value, done } = await reader.read();
+          if (done) break;
+          parser.push(value);
+          if (this.finished) {
+            await reader.cancel().catch(() => {});
+            break;
+          }
+        }
+      } catch (error) {
+        if (this.closed) return;
+        reason = error instanceof TypeError ? "the server is unreachable" : String(error.message || error);
+      }
+      if (this.closed) return;
+      if (this.finished) break;
+      failures = received > 0 ? 1 : failures + 1;
+      const delayMs = Math.min(this.baseDelay * 2 ** (failures - 1), 15000) * (0.85 + Math.random() * 0.3);
+      this.onState({ state: "reconnecting", attempt: failures, delayMs, reason, retryAt: Date.now() + delayMs });
+      await sleep(delayMs, signal);
+    }
+    if (this.finished && !this.closed) this.onState({ state: "ended" });
+  }
+
+  /** Take one parsed event; false for a duplicate or something that is not ours. */
+  accept(raw) {
+    const id = Number.parseInt(raw.id, 10);
+    if (!Number.isSafeInteger(id) || id <= this.lastEventId) return false;
+    if (raw.event !== "status" && raw.event !== "progress") {
+      this.lastEventId = id;
+      return false;
+    }
+    let data;
+    try {
+      data = JSON.parse(raw.data);
+    } catch {
+      console.warn("ignored an event whose data is not JSON", raw);
+      this.lastEventId = id;
+      return false;
+    }
+    this.lastEventId = id;
+    if (raw.event === "status" && TERMINAL.has(data.phase)) this.finished = true;
+    this.onEvent({ id, kind: raw.event, data });
+    return true;
+  }
+}

@@ -1,0 +1,353 @@
+"""The web UI in a real Chromium against a real server training the tiny model.
+
+What the page exposes for these tests: `data-testid` attributes on what a person
+sees, and `window.__studio`, a read-only hook (chart points, the feed's last event
+id, the stream connections it made). Every wait is bounded by a timeout.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+import httpx
+import pytest
+
+from tests.conftest import DEMO_DATA, REPO, collect, job_request, wait_for
+
+pytestmark = pytest.mark.browser
+
+ARTIFACTS = REPO / "test-artifacts"
+SECOND = 1000  # Playwright timeouts are in milliseconds
+
+READ_IDB = """async (jobId) => {
+  const open = indexedDB.open("finetune-studio");
+  const db = await new Promise((resolve, reject) => { open.onsuccess = () => resolve(open.result); open.onerror = () => reject(open.error); });
+  const range = IDBKeyRange.bound([jobId, -Infinity], [jobId, Infinity]);
+  const get = db.transaction("events", "readonly").objectStore("events").getAll(range);
+  const rows = await new Promise((resolve, reject) => { get.onsuccess = () => resolve(get.result); get.onerror = () => reject(get.error); });
+  db.close();
+  return rows.map((row) => ({ job_id: row.job_id, id: row.id, kind: row.kind, data: row.data }));
+}"""
+
+
+# Where the job view's parts sit on the page, to check that streaming moves nothing.
+LAYOUT = """() => Object.fromEntries(
+  ["job-view", "phase-timeline", "progress-bar", "stats", "chart-loss", "chart-lr", "chart-grad", "stream-state"]
+    .map((id) => { const r = document.querySelector(`[data-testid=${id}]`).getBoundingClientRect();
+                   return [id, [r.x, r.y, r.width, r.height]]; }))"""
+
+
+def open_ui(page: Any, url: str, job_id: Optional[str] = None, compare: Optional[str] = None) -> None:
+    fragment = ""
+    if job_id:
+        fragment = f"#job={job_id}" + (f"&compare={compare}" if compare else "")
+    page.goto(url + "/" + fragment)
+    page.wait_for_selector("body[data-ready=true]", state="attached", timeout=20 * SECOND)
+
+
+def studio(page: Any, expression: str) -> Any:
+    return page.evaluate(f"window.__studio.{expression}")
+
+
+def wait_js(page: Any, expression: str, timeout_s: float = 300) -> None:
+    page.wait_for_function(expression, timeout=timeout_s * SECOND)
+
+
+def fill_form(page: Any, **fields: Any) -> None:
+    for name, value in fields.items():
+        locator = page.get_by_test_id(f"field-{name}")
+        if locator.evaluate("el => el.tagName") == "SELECT":
+            locator.select_option(str(value))
+        else:
+            locator.fill("\n".join(value) if isinstance(value, list) else str(value))
+
+
+def stored_events(page: Any, job_id: str) -> list[dict[str, Any]]:
+    page.evaluate("window.__studio.flushed()")
+    return page.evaluate(READ_IDB, job_id)  # type: ignore[no-any-return]
+
+
+def assert_history_matches_server(page: Any, server: Any, job_id: str) -> list[dict[str, Any]]:
+    """IndexedDB holds every event of the job exactly once, equal to the server's."""
+    rows = stored_events(page, job_id)
+    ids = [row["id"] for row in rows]
+    with server.client() as client:
+        expected = collect(client, job_id)
+    assert len(ids) == len(set(ids)), "an event is stored twice"
+    assert ids == [event.id for event in expected], "IndexedDB misses events or holds extra ones"
+    for row, event in zip(rows, expected):
+        assert (row["kind"], row["data"]) == (event.kind, event.data)
+    return rows
+
+
+def test_form_defaults_come_from_the_request_model(server: Any, page: Any) -> None:
+    open_ui(page, server.url)
+    schema = httpx.get(f"{server.url}/openapi.json").json()["components"]["schemas"]["TrainingStartRequest"]["properties"]
+    for name in ("num_epochs", "batch_size", "lora_r", "lora_alpha", "max_seq_length"):
+        assert page.get_by_test_id(f"field-{name}").input_value() == str(schema[name]["default"]), name
+    assert float(page.get_by_test_id("field-learning_rate").input_value()) == schema["learning_rate"]["default"]
+    assert page.get_by_test_id("field-max_steps").input_value() == ""
+    formats = page.get_by_test_id("field-format_type").locator("option").all_inner_texts()
+    assert formats == schema["format_type"]["enum"]
+    training = page.get_by_test_id("field-training_type").locator("option").all_inner_texts()
+    assert training == schema["training_type"]["enum"]
+
+
+@pytest.mark.train
+def test_start_from_the_form_and_watch_it_complete(server: Any, page: Any, tiny_model: Path) -> None:
+    open_ui(page, server.url)
+    fill_form(
+        page,
+        model_name=tiny_model,
+        local_datasets=[str(DEMO_DATA)],
+        format_type="alpaca",
+        max_steps=12,
+        learning_rate="1e-3",
+        batch_size=2,
+        lora_r=4,
+        lora_alpha=8,
+        max_seq_length=128,
+        project_name="form-run",
+    )
+    page.get_by_test_id("field-max_seq_length").press("Enter")  # the keyboard submits
+
+    wait_js(page, "window.__studio.phase() === 'completed'")
+    job_id = studio(page, "jobId()")
+    assert page.get_by_test_id("job-phase").inner_text() == "Completed"
+    assert studio(page, "steps()") == list(range(1, 13))
+    assert studio(page, "points('loss')") == 12
+    assert studio(page, "points('lr')") == 12
+    assert page.get_by_test_id("stat-step").inner_text() == "12 / 12"
+    assert page.locator("[data-testid=phase-timeline] li[data-state=done]").count() == 6
+    assert "adapter" in page.get_by_test_id("job-outputs").inner_text()
+    item = page.locator(f"[data-testid=job-item][data-job-id='{job_id}']")
+    page.wait_for_selector(f"[data-testid=job-item][data-job-id='{job_id}'][data-phase=completed]", timeout=10 * SECOND)
+    assert "form-run" in item.inner_text()
+
+    with server.client() as client:
+        status = client.status(job_id)
+        assert status["phase"] == "completed"
+        assert client.progress(job_id)["total_steps"] == 12  # the form's max_steps reached the server
+    assert_history_matches_server(page, server, job_id)
+
+
+@pytest.mark.train
+def test_reload_mid_training_keeps_history_and_resumes_without_gap(server: Any, page: Any, tiny_model: Path) -> None:
+    total = 200
+    with server.client() as client:
+        job_id = client.start(job_request(tiny_model, max_steps=total))
+    open_ui(page, server.url, job_id)
+    wait_js(page, "window.__studio.points('loss') >= 20")
+    before = page.evaluate(
+        """async () => {
+            const s = window.__studio;
+            const seen = { steps: s.steps(), lastEventId: s.lastEventId(), phase: s.phase() };
+            await s.flushed();
+            return seen;
+        }"""
+    )
+    assert before["phase"] == "training"
+    assert len(before["steps"]) < total, "the job finished before the reload: it cannot test a resume"
+
+    page.reload()
+    page.wait_for_selector("body[data-ready=true]", state="attached", timeout=20 * SECOND)
+    wait_js(page, "window.__studio.historyCount() !== null", 20)
+    # Drawn from IndexedDB at once: every point seen before the reload is back.
+    assert studio(page, "historyPoints()") >= len(before["steps"])
+    assert studio(page, "historyCount()") >= before["lastEventId"]
+    assert set(before["steps"]) <= set(studio(page, "steps()"))
+    # The stream resumed right after the last stored event.
+    wait_js(page, "window.__studio.connections.length > 0", 20)
+    first = studio(page, "connections[0]")
+    assert first["job_id"] == job_id
+    assert first["last_event_id"] == studio(page, "historyCount()") > 0
+
+    page.mouse.move(0, 0)
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "job-view-training.png"), full_page=True)
+
+    # Nothing moves while steps stream in.
+    layout_before = page.evaluate(LAYOUT)
+    drawn = studio(page, "points('loss')")
+    wait_js(page, f"window.__studio.points('loss') >= {min(drawn + 10, total)}")
+    if studio(page, "phase()") == "training":
+        assert page.evaluate(LAYOUT) == layout_before
+
+    wait_js(page, "window.__studio.phase() === 'completed'")
+    assert studio(page, "steps()") == list(range(1, total + 1))
+    assert studio(page, "points('loss')") == total
+    rows = assert_history_matches_server(page, server, job_id)
+    assert sum(1 for row in rows if row["kind"] == "progress") == total
+
+
+@pytest.mark.train
+def test_refused_start_shows_the_servers_error(server: Any, page: Any, tiny_model: Path) -> None:
+    open_ui(page, server.url)
+    missing = "/nonexistent/finetune-studio/train.jsonl"
+    fill_form(page, model_name=tiny_model, local_datasets=[missing], format_type="alpaca", max_steps=4)
+    page.get_by_test_id("start-button").click()
+    error = page.get_by_test_id("start-error")
+    error.wait_for(state="visible", timeout=10 * SECOND)
+    refused = httpx.post(f"{server.url}/train/start", json=job_request(tiny_model, local_datasets=[missing]))
+    assert refused.status_code == 400
+    assert refused.json()["error"] in error.inner_text()
+    assert "HTTP 400" in error.inner_text()
+
+    # A schema error (422): each of FastAPI's entries, with the field named and marked.
+    fill_form(page, local_datasets=[str(DEMO_DATA)], batch_size=0)
+    page.get_by_test_id("start-button").click()
+    page.wait_for_function(
+        "document.querySelector('[data-testid=start-error]').innerText.includes('batch_size')", timeout=10 * SECOND
+    )
+    text = error.inner_text()
+    assert "HTTP 422" in text
+    assert "batch_size: Input should be greater than or equal to 1" in text
+    assert page.get_by_test_id("field-batch_size").get_attribute("aria-invalid") == "true"
+
+    fill_form(page, batch_size=1, num_epochs=0, max_steps="")
+    page.get_by_test_id("start-button").click()
+    page.wait_for_function(
+        "document.querySelector('[data-testid=start-error]').innerText.includes('both 0')", timeout=10 * SECOND
+    )
+    with server.client() as client:
+        assert client.jobs() == [], "a refused start created a job"
+
+
+@pytest.mark.train
+def test_stop_ends_a_running_job_stopped_and_a_queued_one_too(server: Any, page: Any, tiny_model: Path) -> None:
+    with server.client() as client:
+        running = client.start(job_request(tiny_model, max_steps=5000))
+        queued = client.start(job_request(tiny_model, max_steps=5000))
+    open_ui(page, server.url, running)
+    wait_js(page, "window.__studio.points('loss') >= 3")
+    position = page.locator(f"[data-testid=job-item][data-job-id='{queued}'] [data-testid=queue-position]")
+    position.wait_for(timeout=10 * SECOND)
+    assert position.inner_text() == "#1 in queue"
+
+    stop = page.get_by_test_id("stop-button")
+    assert stop.is_enabled()
+    stop.click()
+    wait_js(page, "window.__studio.phase() === 'stopped'", 120)
+    assert page.get_by_test_id("job-phase").inner_text() == "Stopped"
+    assert stop.is_disabled()
+    assert page.locator("[data-testid=phase-timeline] li[data-phase=end]").get_attribute("data-state") == "stopped"
+    with server.client() as client:
+        assert client.status(running)["phase"] == "stopped"
+
+    # The next job starts by itself; stop it from its own view.
+    page.locator(f"[data-testid=job-item][data-job-id='{queued}']").click()
+    wait_js(page, f"window.__studio.jobId() === '{queued}' && window.__studio.phase() !== null", 20)
+    page.get_by_test_id("stop-button").click()
+    wait_js(page, "window.__studio.phase() === 'stopped'", 120)
+    with server.client() as client:
+        assert client.status(queued)["phase"] == "stopped"
+    assert_history_matches_server(page, server, queued)
+
+
+@pytest.mark.train
+def test_token_protected_server_works_once_the_token_is_entered(start_server: Any, page: Any, tiny_model: Path) -> None:
+    token = "browser-test-token-7f3a"
+    server = start_server(env={"FINETUNE_STUDIO_TOKEN": token})
+    assert httpx.get(f"{server.url}/train/jobs").status_code == 401
+    open_ui(page, server.url)
+    dialog = page.get_by_test_id("settings-dialog")
+    dialog.wait_for(state="visible", timeout=10 * SECOND)  # a 401 asks for the token
+    assert "FINETUNE_STUDIO_TOKEN" in page.get_by_test_id("settings-note").inner_text()
+    page.get_by_test_id("token-input").fill(token)
+    page.get_by_test_id("token-input").press("Enter")
+    dialog.wait_for(state="hidden", timeout=5 * SECOND)
+    page.wait_for_selector("[data-testid=server-state][data-state=ok]", timeout=10 * SECOND)
+    assert page.get_by_test_id("token-state").inner_text() == "token set"
+
+    fill_form(page, model_name=tiny_model, local_datasets=[str(DEMO_DATA)], format_type="alpaca",
+              max_steps=6, learning_rate="1e-3", batch_size=2, lora_r=4, lora_alpha=8, max_seq_length=128)
+    page.get_by_test_id("start-button").click()
+    wait_js(page, "window.__studio.phase() === 'completed'")
+    assert studio(page, "points('loss')") == 6
+    job_id = studio(page, "jobId()")
+    assert page.evaluate("localStorage.getItem('finetune-studio.token')") == token
+
+    # After a reload the stored token is used at once: no prompt, history intact.
+    page.reload()
+    page.wait_for_selector("body[data-ready=true]", state="attached", timeout=20 * SECOND)
+    page.wait_for_selector("[data-testid=server-state][data-state=ok]", timeout=10 * SECOND)
+    assert not dialog.is_visible()
+    assert studio(page, "jobId()") == job_id
+    rows = stored_events(page, job_id)
+    with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {token}"}) as http:
+        assert http.get(f"/train/status/{job_id}").json()["phase"] == "completed"
+    assert [row["id"] for row in rows] == list(range(1, len(rows) + 1))
+
+
+@pytest.mark.train
+def test_reconnects_after_the_server_restarts(server: Any, page: Any, tiny_model: Path) -> None:
+    with server.client() as client:
+        job_id = client.start(job_request(tiny_model, max_steps=5000))
+    open_ui(page, server.url, job_id)
+    wait_js(page, "window.__studio.points('loss') >= 5")
+    server.kill()  # no goodbye: the stream just breaks
+    wait_js(page, "window.__studio.connection() === 'reconnecting'", 20)
+    server.start()  # same port, same data directory
+    wait_js(page, "window.__studio.phase() === 'error'", 120)
+    assert studio(page, "connections.length") >= 2
+    assert studio(page, "connections")[-1]["last_event_id"] > 0
+    assert page.get_by_test_id("error-code").inner_text() == "server_restarted"
+    assert "server" in page.get_by_test_id("job-error").inner_text().lower()
+    assert_history_matches_server(page, server, job_id)
+
+
+@pytest.mark.train
+def test_compare_two_runs_and_save_a_screenshot(server: Any, page: Any, tiny_model: Path) -> None:
+    with server.client() as client:
+        first = client.start(job_request(tiny_model, max_steps=30, learning_rate="2e-3", project_name="lr 2e-3"))
+        second = client.start(job_request(tiny_model, max_steps=30, learning_rate="5e-4", project_name="lr 5e-4"))
+        wait_for(lambda: client.status(second)["phase"] == "completed", timeout=300, what="both jobs to complete")
+    open_ui(page, server.url, second)
+    wait_js(page, "window.__studio.points('loss') === 30", 30)
+    page.get_by_test_id("compare-select").select_option(first)
+    wait_js(page, f"window.__studio.compareId() === '{first}' && window.__studio.comparePoints() === 30", 30)
+    assert studio(page, "points('loss', 1)") == 30  # the overlaid run's loss, on the same chart
+    assert f"compare={first}" in page.url
+    legend = page.get_by_test_id("chart-loss").inner_text()
+    assert "lr 2e-3" in legend
+
+    # Reload: both runs come back from IndexedDB and the comparison is kept.
+    page.reload()
+    page.wait_for_selector("body[data-ready=true]", state="attached", timeout=20 * SECOND)
+    wait_js(page, "window.__studio.points('loss') === 30 && window.__studio.comparePoints() === 30", 30)
+    assert studio(page, "connections.length") == 0, "finished runs in IndexedDB need no stream"
+
+    page.mouse.move(0, 0)
+    ARTIFACTS.mkdir(exist_ok=True)
+    path = ARTIFACTS / "job-view.png"
+    page.screenshot(path=str(path), full_page=True)
+    assert path.stat().st_size > 10_000
+
+
+def test_event_stream_parser_follows_the_standard(server: Any, page: Any) -> None:
+    """Chunks split anywhere (even inside CRLF), comments, multi-line data, ids."""
+    open_ui(page, server.url)
+    parsed = page.evaluate(
+        r"""async () => {
+            const { SSEParser } = await import("./sse.js");
+            const stream = ": keep-alive\r\n\r\nid: 1\r\nevent: status\r\ndata: {\"a\":\r\ndata: 1}\r\n\r\n"
+              + "data:no-space\rid:2\r\r" + "event: progress\ndata: x\nid: 3\n\n" + "data: tail-without-blank-line";
+            const runs = [];
+            for (const size of [1, 2, 3, 7, stream.length]) {
+                const events = [];
+                let comments = 0;
+                const parser = new SSEParser((e) => events.push(e), { onComment: () => { comments += 1; } });
+                for (let i = 0; i < stream.length; i += size) parser.push(stream.slice(i, i + size));
+                runs.push({ events, comments });
+            }
+            return runs;
+        }"""
+    )
+    expected = [
+        {"id": "1", "event": "status", "data": '{"a":\n1}'},
+        {"id": "2", "event": "message", "data": "no-space"},
+        {"id": "3", "event": "progress", "data": "x"},
+    ]
+    for run in parsed:
+        assert run == {"events": expected, "comments": 1}
