@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from finetune_studio.schemas import TrainingStartRequest
-from finetune_studio.worker.data import LoadedData, load_local
+from finetune_studio.worker.datasets import LoadedData, load_eval_data, load_training_data, measure
 from finetune_studio.worker.models import ModelSource, load_tokenizer_and_model, resolve_source
 from finetune_studio.worker.protocol import Channel, JobFailure, StopSignal
 
@@ -59,6 +59,10 @@ class Recipe:
             self.request = TrainingStartRequest.model_validate(raw)
         except ValueError as exc:  # the server validated it already; this is a guard
             raise JobFailure("config_invalid", f"the request is not valid: {exc}") from None
+        # Carried on every status, so that any one of them names the run.
+        self.facts["model_name"] = self.request.model_name
+        if self.request.project_name:
+            self.facts["project_name"] = self.request.project_name
         for name in self.request.unknown_fields():
             channel.warn(f"unknown field {name!r} ignored")
         if self.request.gpu_ids:
@@ -90,14 +94,21 @@ class Recipe:
         self.facts["model_parameters"] = sum(p.numel() for p in model.parameters())
         self.stop.check()
 
-        self.enter("loading_dataset", "Reading and checking the dataset")
-        train_data = self.load_data()
-        eval_data = self.load_eval_data()
-        self.facts["dataset"] = {"rows": len(train_data.rows), "format": train_data.shape, "files": train_data.per_file}
-        if eval_data is not None:
-            self.facts["eval_dataset"] = {"rows": len(eval_data.rows), "format": eval_data.shape}
+        try:
+            train_data, eval_data = self.load_data(tokenizer)
+        except JobFailure:
+            # Report the phase the job failed in, then the error.
+            self.enter("loading_dataset", "Reading and checking the dataset")
+            raise
+        stats = self.facts["dataset"]
+        self.enter(
+            "loading_dataset",
+            f"Read {stats['rows']} rows ({train_data.shape}{', detected' if train_data.detected else ''}):"
+            f" {stats['tokens_min']}/{stats['tokens_median']}/{stats['tokens_max']} tokens per row (min/median/max),"
+            f" {stats['truncated_rows']} longer than max_seq_length",
+        )
 
-        self.enter("configuring", f"Read {len(train_data.rows)} rows ({train_data.shape}); preparing the trainer")
+        self.enter("configuring", "Preparing the trainer")
         trainer = self.build_trainer(model, tokenizer, train_data, eval_data)
         self.write_job_file(source)
         self.stop.check()
@@ -184,26 +195,37 @@ class Recipe:
 
     # -- data ---------------------------------------------------------------
 
-    def load_data(self) -> LoadedData:
-        request = self.request
-        if not request.local_datasets:
-            raise JobFailure("config_invalid", "hf_dataset is not supported yet: name local files in local_datasets")
-        data = load_local(request.local_datasets, request.format_type)
-        start, end = request.dataset_slice_start, request.dataset_slice_end
-        if start is not None or end is not None:
-            data.rows = data.rows[slice(start, end)]
-            if not data.rows:
-                raise JobFailure(
-                    "dataset_invalid",
-                    f"dataset_slice_start={start} and dataset_slice_end={end} leave no rows (the data has"
-                    f" {sum(data.per_file.values())} rows)",
-                )
-        return data
+    def load_data(self, tokenizer: Any) -> tuple[LoadedData, Optional[LoadedData]]:
+        """Read and check every row, and measure the training data in tokens.
 
-    def load_eval_data(self) -> Optional[LoadedData]:
-        if not self.request.local_eval_datasets:
-            return None
-        return load_local(self.request.local_eval_datasets, self.request.format_type)
+        The statistics ride on the `loading_dataset` status (and every later one),
+        so a user sees them before any compute is spent on training.
+        """
+        request = self.request
+        train_data = load_training_data(request)
+        eval_data = load_eval_data(request, train_data)
+        for warning in train_data.warnings + (eval_data.warnings if eval_data else []):
+            self.channel.warn(warning)
+        self.ensure_chat_template(tokenizer, train_data)
+        stats = measure(train_data, tokenizer, request.max_seq_length)
+        self.facts["dataset"] = {**stats, "format": train_data.shape, "detected": train_data.detected,
+                                 "files": train_data.per_file}
+        if eval_data is not None:
+            self.facts["eval_dataset"] = {"rows": len(eval_data.rows), "format": eval_data.shape}
+        if stats["truncated_rows"] and not request.packing:
+            self.channel.warn(
+                f"{stats['truncated_rows']} of {stats['rows']} rows are longer than max_seq_length"
+                f" ({request.max_seq_length} tokens) and will be truncated"
+            )
+        return train_data, eval_data
+
+    def ensure_chat_template(self, tokenizer: Any, data: LoadedData) -> None:
+        needs = data.is_conversational or self.request.training_type == "Continued Pretraining"
+        if needs and not tokenizer.chat_template:
+            from finetune_studio.worker.tiny_model import CHATML_TEMPLATE
+
+            tokenizer.chat_template = CHATML_TEMPLATE
+            self.channel.warn("the tokenizer has no chat template; ChatML is used")
 
     def trainer_rows(self, tokenizer: Any, data: LoadedData) -> list[dict[str, Any]]:
         """Rows in the form the trainer takes, per training type and loss choice."""
@@ -233,12 +255,6 @@ class Recipe:
 
         request = self.request
         cuda = torch.cuda.is_available()
-        if (data.is_conversational or request.training_type == "Continued Pretraining") and not tokenizer.chat_template:
-            from finetune_studio.worker.tiny_model import CHATML_TEMPLATE
-
-            tokenizer.chat_template = CHATML_TEMPLATE
-            self.channel.warn("the tokenizer has no chat template; ChatML is used")
-
         optim = request.optim
         if "8bit" in optim and not (cuda and has_module("bitsandbytes")):
             optim = "adamw_torch"

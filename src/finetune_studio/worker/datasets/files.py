@@ -1,0 +1,270 @@
+"""Reading local dataset files into records, each with where it came from.
+
+`read_records(path)` yields `(where, record)` for every record of a `.jsonl`,
+`.json`, `.csv`, `.parquet` or `.txt` file, and raises `DatasetError` for anything
+that stops the file from being read: it does not exist, it is empty, it is not
+UTF-8, a line is not JSON, a CSV row has the wrong number of fields... What a record
+must contain is the shapes' business (`shapes.py`), not this module's.
+
+- `.jsonl`: one JSON object per line; blank lines are skipped. where: "line N".
+- `.json`: a list of objects, or an object whose "data" key holds that list (the
+  layout `datasets.load_dataset("json", field="data")` reads). where: "line N (row
+  M)": the line the object starts on, and its index in the list.
+- `.csv`: a header line, then one record per row (a quoted field may span lines);
+  every cell is a string; rows whose cells are all empty are skipped. where: "line
+  N", the line the row starts on.
+- `.parquet`: one record per row, read in batches with pyarrow. where: "row N".
+- `.txt`: raw text, one record `{"text": ...}` per paragraph; paragraphs are
+  separated by blank lines, and the lines of a paragraph keep their line breaks.
+  where: "line N", the paragraph's first line.
+
+Lines count from 1, as editors count; rows count from 0, as pandas, pyarrow and
+`datasets` count (and as dataset_slice_start does).
+"""
+
+from __future__ import annotations
+
+import bisect
+import csv
+import io
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from finetune_studio.worker.datasets.errors import DatasetError, first_line, kind_of
+
+Record = tuple[str, Any]
+
+SUFFIXES = (".jsonl", ".json", ".csv", ".parquet", ".txt")
+TEXT_SUFFIX = ".txt"
+_PARQUET_BATCH_ROWS = 2048
+
+
+def read_records(path: Path) -> Iterator[Record]:
+    _check_file(path)
+    suffix = path.suffix.lower()
+    if suffix not in SUFFIXES:
+        kind = f"file type {path.suffix}" if path.suffix else "file without an extension"
+        raise DatasetError(path, "", f"unsupported {kind}; use {', '.join(SUFFIXES)}")
+    if suffix == ".parquet":
+        return _parquet_records(path)
+    text = _read_text(path)
+    if suffix == ".jsonl":
+        return _jsonl_records(path, text)
+    if suffix == ".json":
+        return _json_records(path, text)
+    if suffix == ".csv":
+        return _csv_records(path, text)
+    return _txt_records(text)
+
+
+def _check_file(path: Path) -> None:
+    """Fail with the same words for every file type when the file itself is the problem."""
+    try:
+        if path.is_dir():
+            raise DatasetError(path, "", "is a folder; name the dataset files in it, or name the folder in hf_dataset")
+        size = path.stat().st_size
+    except FileNotFoundError:
+        raise DatasetError(path, "", "the file does not exist") from None
+    except OSError as exc:
+        raise DatasetError(path, "", f"cannot be read ({exc.strerror or exc})") from None
+    if size == 0:
+        raise DatasetError(path, "", "the file is empty")
+
+
+def _read_text(path: Path) -> str:
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise DatasetError(path, "", f"cannot be read ({exc.strerror or exc})") from None
+    if not raw.strip():
+        raise DatasetError(path, "", "the file is empty")
+    if raw.startswith((b"\xff\xfe", b"\xfe\xff")):
+        raise DatasetError(path, "", "is UTF-16 text; save it as UTF-8")
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line_start = raw.rfind(b"\n", 0, exc.start) + 1
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise DatasetError(
+            path,
+            f"line {line}",
+            f"is not valid UTF-8 text (byte 0x{raw[exc.start]:02x} at column {exc.start - line_start + 1});"
+            " save the file as UTF-8",
+        ) from None
+
+
+# -- JSON Lines ---------------------------------------------------------------
+
+
+def _jsonl_records(path: Path, text: str) -> Iterator[Record]:
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            value = json.loads(line)
+        except json.JSONDecodeError as exc:
+            hint = ""
+            if line.strip() in ("{", "[") or (number == 1 and line.lstrip().startswith("[")):
+                hint = "; the file looks like one JSON document: name it .json"
+            raise DatasetError(path, f"line {number}", f"bad JSON ({exc.msg} at column {exc.colno}){hint}") from None
+        if not isinstance(value, dict):
+            document = isinstance(value, list) and number == 1 and all(isinstance(item, dict) for item in value)
+            hint = "; the file looks like one JSON document: name it .json" if document else ""
+            raise DatasetError(
+                path, f"line {number}", f"each line must hold one JSON object, found {kind_of(value)}{hint}"
+            )
+        yield f"line {number}", value
+
+
+# -- JSON ---------------------------------------------------------------------
+
+
+def _json_records(path: Path, text: str) -> Iterator[Record]:
+    try:
+        document = json.loads(text)
+    except json.JSONDecodeError as exc:
+        hint = ""
+        if exc.msg == "Extra data":
+            hint = "; the file looks like JSON Lines (one object per line): name it .jsonl"
+        raise DatasetError(path, f"line {exc.lineno}", f"bad JSON ({exc.msg} at column {exc.colno}){hint}") from None
+
+    if isinstance(document, list):
+        array_at = _skip_space(text, 0)
+    elif isinstance(document, dict) and isinstance(document.get("data"), list):
+        array_at = _value_offset(text, "data")
+    else:
+        found = kind_of(document)
+        if isinstance(document, dict):
+            found += f" with the keys {', '.join(map(repr, document)) or '(none)'}"
+        raise DatasetError(path, "", f'a .json dataset must be a list of rows, or {{"data": [rows]}}; found {found}')
+
+    lines = _LineIndex(text)
+    for index, (offset, value) in enumerate(_array_items(text, array_at)):
+        where = f"line {lines.line_of(offset)} (row {index})"
+        if not isinstance(value, dict):
+            raise DatasetError(path, where, f"each row must be a JSON object, found {kind_of(value)}")
+        yield where, value
+
+
+class _LineIndex:
+    def __init__(self, text: str) -> None:
+        self._starts = [0]
+        position = text.find("\n")
+        while position != -1:
+            self._starts.append(position + 1)
+            position = text.find("\n", position + 1)
+
+    def line_of(self, offset: int) -> int:
+        return bisect.bisect_right(self._starts, offset)
+
+
+def _skip_space(text: str, at: int) -> int:
+    while at < len(text) and text[at] in " \t\r\n":
+        at += 1
+    return at
+
+
+def _array_items(text: str, at: int) -> Iterator[tuple[int, Any]]:
+    """(offset, value) of each item of the JSON array at `at`; the text is known to be valid JSON."""
+    decoder = json.JSONDecoder()
+    at = _skip_space(text, at + 1)  # past "["
+    while text[at] != "]":
+        value, end = decoder.raw_decode(text, at)
+        yield at, value
+        at = _skip_space(text, end)
+        if text[at] == ",":
+            at = _skip_space(text, at + 1)
+
+
+def _value_offset(text: str, key: str) -> int:
+    """Where the value of the top-level object's `key` starts (the last one, as json.loads keeps)."""
+    decoder = json.JSONDecoder()
+    at = _skip_space(text, _skip_space(text, 0) + 1)  # past "{"
+    found = -1
+    while text[at] != "}":
+        name, at = decoder.raw_decode(text, at)
+        at = _skip_space(text, _skip_space(text, at) + 1)  # past ":"
+        if name == key:
+            found = at
+        _, at = decoder.raw_decode(text, at)
+        at = _skip_space(text, at)
+        if text[at] == ",":
+            at = _skip_space(text, at + 1)
+    return found
+
+
+# -- CSV ----------------------------------------------------------------------
+
+
+def _csv_records(path: Path, text: str) -> Iterator[Record]:
+    # A long document in one cell is normal for raw text; the default limit is 128 KiB.
+    csv.field_size_limit(max(csv.field_size_limit(), 1 << 30))
+    reader = csv.reader(io.StringIO(text, newline=""), strict=True)
+    header: list[str] | None = None
+    while True:
+        start = reader.line_num + 1
+        try:
+            cells = next(reader)
+        except StopIteration:
+            break
+        except csv.Error as exc:
+            raise DatasetError(path, f"line {reader.line_num}", f"bad CSV ({exc})") from None
+        if not any(cell.strip() for cell in cells):
+            continue
+        if header is None:
+            header = cells
+            seen: set[str] = set()
+            for name in header:
+                if name in seen:
+                    raise DatasetError(path, f"line {start}", f"the header names the column {name!r} twice")
+                seen.add(name)
+            continue
+        if len(cells) != len(header):
+            raise DatasetError(
+                path,
+                f"line {start}",
+                f"has {len(cells)} fields but the header has {len(header)} ({', '.join(header)});"
+                " quote fields that contain commas",
+            )
+        yield f"line {start}", dict(zip(header, cells))
+
+
+# -- Parquet ------------------------------------------------------------------
+
+
+def _parquet_records(path: Path) -> Iterator[Record]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.ParquetFile(path)
+    except (pa.ArrowException, OSError) as exc:
+        raise DatasetError(path, "", f"is not a Parquet file pyarrow can read ({first_line(exc)})") from None
+    row = 0
+    try:
+        for batch in table.iter_batches(batch_size=_PARQUET_BATCH_ROWS):
+            for record in batch.to_pylist():
+                yield f"row {row}", record
+                row += 1
+    except (pa.ArrowException, OSError) as exc:
+        raise DatasetError(path, f"row {row}", f"cannot be read ({first_line(exc)})") from None
+
+
+# -- plain text ---------------------------------------------------------------
+
+
+def _txt_records(text: str) -> Iterator[Record]:
+    paragraph: list[str] = []
+    first = 0
+    for number, line in enumerate(text.splitlines(), start=1):
+        if line.strip():
+            if not paragraph:
+                first = number
+            paragraph.append(line)
+        elif paragraph:
+            yield f"line {first}", {"text": "\n".join(paragraph)}
+            paragraph = []
+    if paragraph:
+        yield f"line {first}", {"text": "\n".join(paragraph)}
