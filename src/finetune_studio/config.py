@@ -7,11 +7,15 @@ or from the environment with the `FINETUNE_STUDIO_` prefix.
 from __future__ import annotations
 
 import ipaddress
+import json
+import os
 from pathlib import Path
-from typing import Optional
+from typing import Annotated, Any, Optional
 
-from pydantic import Field, SecretStr
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+MiB = 1024 * 1024
 
 
 def default_data_dir() -> Path:
@@ -32,6 +36,26 @@ class Settings(BaseSettings):
     kill_grace_seconds: float = Field(default=5.0, gt=0, description="From SIGTERM to SIGKILL when a worker will not exit.")
     token: Optional[SecretStr] = Field(default=None, description="API token; required when binding beyond loopback.")
     worker_python: Optional[str] = Field(default=None, description="Python that runs training children (default: this one).")
+    allowed_roots: Annotated[list[Path], NoDecode] = Field(
+        default_factory=list,
+        description=(
+            "Folders that every model, dataset and output path of a request must lie under. When empty, any path"
+            " may be named on loopback, and only paths under the data directory when the server is exposed."
+            " In the environment: folders separated by ':' (or a JSON list)."
+        ),
+    )
+    max_request_bytes: int = Field(default=1 * MiB, ge=1024, description="Largest request body accepted (413 beyond).")
+    max_dataset_bytes: int = Field(default=1024 * MiB, ge=1, description="Largest dataset file a job may name.")
+
+    @field_validator("allowed_roots", mode="before")
+    @classmethod
+    def _split_roots(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            text = value.strip()
+            if text.startswith("["):
+                return json.loads(text)
+            return [part for part in text.split(os.pathsep) if part.strip()]
+        return value
 
     @property
     def db_path(self) -> Path:
@@ -48,6 +72,14 @@ class Settings(BaseSettings):
             return ipaddress.ip_address(self.host).is_loopback
         except ValueError:
             return False
+
+    def path_roots(self) -> Optional[list[Path]]:
+        """The folders request paths must lie under (symlinks resolved), or None when any path may be named."""
+        if self.allowed_roots:
+            return [root.expanduser().resolve() for root in self.allowed_roots]
+        if not self.is_loopback():
+            return [self.data_dir.expanduser().resolve()]
+        return None
 
 
 def get_settings(**overrides: object) -> Settings:

@@ -4,8 +4,10 @@
     +-- JobNotFound                  (404) no job has this id
     +-- JobAlreadyFinished           (409) stop or change asked of a finished job
     +-- StartRefused                 (400) a well-formed request the server cannot take
+    |   +-- PathNotAllowed           (403) a path outside the configured roots, on an exposed server
     |   +-- QueueFull                (429) too many jobs waiting
     +-- InvalidTransition            (409) a phase change that the state machine forbids
+    +-- UnsafeSettings               (never answered: the server refuses to start)
 """
 
 from __future__ import annotations
@@ -31,9 +33,17 @@ class StartRefused(StudioError):
     status_code = 400
 
 
+class PathNotAllowed(StartRefused):
+    status_code = 403
+
+
 class QueueFull(StartRefused):
     status_code = 429
 
 
 class InvalidTransition(StudioError):
     status_code = 409
+
+
+class UnsafeSettings(StudioError):
+    """Settings that would expose the server to the network without protection."""

@@ -174,6 +174,7 @@ class TrainingProgress(BaseModel):
     grad_norm: Optional[float] = None
     eval_loss: Optional[float] = None
     num_tokens: Optional[int] = None  # tokens trained on so far
+    timestamp: Optional[float] = None  # Unix time when the step ended (for latency and time axes)
 
 
 class JobList(BaseModel):

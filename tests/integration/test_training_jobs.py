@@ -6,6 +6,7 @@ import json
 import math
 import os
 import signal
+import sqlite3
 from pathlib import Path
 
 import httpx
@@ -14,6 +15,7 @@ import pytest
 from safetensors.numpy import load_file
 
 from finetune_studio.cli.client import parse_sse
+from finetune_studio.worker.supervisor import last_checkpoint
 from tests.conftest import ServerProcess, collect, job_request, phases, wait_for
 
 pytestmark = pytest.mark.train
@@ -187,23 +189,52 @@ def test_a_restarted_server_serves_old_jobs_and_ends_orphans(start_server, tiny_
     with server.client() as client:
         done = client.start(job_request(tiny_model, max_steps=3))
         done_events = collect(client, done)
-        orphan = client.start(job_request(tiny_model, max_steps=3000))
+        orphan = client.start(job_request(tiny_model, max_steps=3000, save_steps=2))
         waiting = client.start(job_request(tiny_model, max_steps=2))
-        wait_for(lambda: client.progress(orphan), what="the orphan to train")
+        orphan_dir = server.data_dir / "jobs" / orphan
+        saved = wait_for(lambda: last_checkpoint(orphan_dir), what="the orphan's first checkpoint")
         pid = client.status(orphan)["details"]["worker_pid"]
+    persisted = _events_on_disk(server.data_dir / "studio.db", orphan)
 
     server.kill()  # SIGKILL: no clean shutdown, the child is left behind
+    # The child notices (its stdin closes), stops after its step, saves, and exits by itself.
+    wait_for(lambda: not _alive(pid), timeout=120, what="the orphaned child to notice and exit")
+    assert (orphan_dir / "adapter" / "adapter_model.safetensors").is_file()
     server.start()
     with server.client() as client:
         # Old jobs and their full event logs survive.
         assert [(e.id, e.data) for e in collect(client, done)] == [(e.id, e.data) for e in done_events]
-        orphan_final = collect(client, orphan)[-1].data
+        orphan_events = collect(client, orphan)
+        assert [(e.id, e.data) for e in orphan_events[: len(persisted)]] == persisted
+        orphan_final = orphan_events[-1].data
         assert orphan_final["phase"] == "error"
         assert orphan_final["details"]["error_code"] == "server_restarted"
-        wait_for(lambda: not _alive(pid), timeout=30, what="the orphaned child to be gone")
+        assert orphan_final["details"]["adapter_dir"] == str(orphan_dir / "adapter")
+        # Its last complete checkpoint is kept and named, with what the trainer needs to resume from it.
+        checkpoint = Path(orphan_final["details"]["last_checkpoint"])
+        assert checkpoint.parent == orphan_dir / "checkpoints"
+        assert int(checkpoint.name.split("-")[1]) >= int(saved.name.split("-")[1])
+        for name in ("adapter_model.safetensors", "trainer_state.json", "optimizer.pt", "scheduler.pt"):
+            assert (checkpoint / name).is_file(), name
+        assert str(checkpoint) in orphan_final["error"]
         # The queued job runs after the restart.
         assert phases(collect(client, waiting)) == SEED_ORDER
         assert all(s["phase"] in ("completed", "error", "stopped") for s in client.jobs())
+        # And the orphan's checkpoint resumes: training goes on from the step after it.
+        step = int(checkpoint.name.split("-")[1])
+        resumed = client.start(job_request(tiny_model, max_steps=step + 2, resume_from_checkpoint=str(checkpoint)))
+        resumed_events = collect(client, resumed)
+        assert phases(resumed_events) == SEED_ORDER
+        assert [e.data["step"] for e in resumed_events if e.kind == "progress"] == [step + 1, step + 2]
+
+
+def _events_on_disk(db_path: Path, job_id: str) -> list[tuple[int, dict]]:
+    db = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)
+    try:
+        rows = db.execute("SELECT id, data FROM events WHERE job_id = ? ORDER BY id", (job_id,)).fetchall()
+    finally:
+        db.close()
+    return [(int(event_id), json.loads(data)) for event_id, data in rows]
 
 
 def _alive(pid: int) -> bool:

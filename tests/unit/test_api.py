@@ -153,3 +153,27 @@ def test_the_server_never_imports_torch_or_transformers(tmp_path: Path) -> None:
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"
+
+
+def test_a_wrong_method_on_an_api_path_is_405_naming_the_right_one(client: TestClient) -> None:
+    # The web UI is mounted at /, but it never answers for the API's paths.
+    for method, path, allowed in [("OPTIONS", "/train/start", "POST"), ("GET", "/train/start", "POST"),
+                                  ("DELETE", "/train/jobs", "GET"), ("PUT", "/health", "GET")]:
+        response = client.request(method, path)
+        assert response.status_code == 405 and response.headers["allow"] == allowed
+    assert client.get("/train/no-such-route").status_code == 404
+    assert client.get("/").headers["content-type"].startswith("text/html")
+
+
+def test_bodies_that_are_not_json_text_are_422(client: TestClient) -> None:
+    for raw in (b"\xff\xfe\x00", b"{\"model_name\": ", b"[]"):
+        response = client.post("/train/start", content=raw, headers={"content-type": "application/json"})
+        assert response.status_code == 422, response.text
+        assert response.json()["detail"][0]["loc"][0] == "body"
+
+
+def test_an_event_id_past_sqlite_integers_is_422(client: TestClient, tmp_path: Path) -> None:
+    job_id = client.post("/train/start", json=request(tmp_path)).json()["job_id"]
+    for headers, query in (({"Last-Event-ID": str(2**63)}, ""), ({}, f"?last_event_id={2**64}")):
+        assert client.get(f"/train/stream/{job_id}{query}", headers=headers).status_code == 422
+    client.post(f"/train/stop/{job_id}")

@@ -4,21 +4,30 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+import math
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from fastapi import Depends, FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.encoders import jsonable_encoder
+from fastapi.exception_handlers import http_exception_handler
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match, Mount
+from starlette.types import Scope
 
 from finetune_studio import __version__
+from finetune_studio.api.body_limit import DeclaredBodyLimit, too_large_message
 from finetune_studio.api.deps import require_token
 from finetune_studio.api.routes import health, train
 from finetune_studio.config import Settings
-from finetune_studio.errors import StartRefused, StudioError
+from finetune_studio.errors import StartRefused, StudioError, UnsafeSettings
 from finetune_studio.jobs.service import JobService
 from finetune_studio.jobs.store import JobStore
+from finetune_studio.schemas import SECRET_FIELDS
 from finetune_studio.worker.launcher import LocalProcessLauncher, WorkerLauncher
 from finetune_studio.worker.supervisor import Supervisor
 
@@ -27,6 +36,12 @@ log = logging.getLogger("finetune_studio")
 
 
 def create_app(settings: Settings, launcher: Optional[WorkerLauncher] = None) -> FastAPI:
+    if not settings.is_loopback() and settings.token is None:
+        # The CLI says this first; this guard holds for any other way of serving the app.
+        raise UnsafeSettings(
+            f"refusing to serve on {settings.host} without an API token: set FINETUNE_STUDIO_TOKEN, or bind 127.0.0.1"
+        )
+
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         settings.jobs_dir.mkdir(parents=True, exist_ok=True)
@@ -50,8 +65,9 @@ def create_app(settings: Settings, launcher: Optional[WorkerLauncher] = None) ->
         lifespan=lifespan,
     )
     app.state.settings = settings
+    app.add_middleware(DeclaredBodyLimit, max_bytes=settings.max_request_bytes)
     app.include_router(health.router)
-    app.include_router(train.router, dependencies=[Depends(require_token)])
+    app.include_router(train.router, dependencies=[Depends(require_token)], max_body_size=settings.max_request_bytes)
 
     @app.exception_handler(StudioError)
     async def studio_error(request: Request, exc: StudioError) -> JSONResponse:
@@ -60,7 +76,71 @@ def create_app(settings: Settings, launcher: Optional[WorkerLauncher] = None) ->
             return JSONResponse(body, status_code=exc.status_code)
         return JSONResponse({"detail": str(exc)}, status_code=exc.status_code)
 
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        if exc.status_code == 413:  # a body without Content-Length that grew past the limit
+            exc = StarletteHTTPException(413, too_large_message(settings.max_request_bytes))
+        if exc.status_code == 400 and exc.__cause__ is not None:
+            # FastAPI could not read the body at all (not UTF-8, say): a schema error like bad JSON, 422.
+            error = {"type": "json_invalid", "loc": ["body", 0], "msg": "JSON decode error", "input": {},
+                     "ctx": {"error": f"the body is not JSON text ({exc.__cause__})"}}
+            return JSONResponse({"detail": [error]}, status_code=422)
+        return await http_exception_handler(request, exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        # FastAPI echoes each wrong input; a request's tokens must never come back.
+        return JSONResponse({"detail": jsonable_encoder(scrub_errors(exc.errors()))}, status_code=422)
+
     if WEB_DIR.is_dir():
         # The UI's files hold no data; its API calls carry the token.
-        app.mount("/", StaticFiles(directory=WEB_DIR, html=True), name="web")
+        app.router.routes.append(UiMount("/", app=StaticFiles(directory=WEB_DIR, html=True), name="web"))
     return app
+
+
+class UiMount(Mount):
+    """The web UI's files at /. A mount matches every method of every path under it, so
+    it would answer a wrong method on an API path (`OPTIONS /train/start`) with the
+    static files' 405 (`Allow: GET, HEAD`); the API's own paths are left to the API."""
+
+    def matches(self, scope: Scope) -> tuple[Match, Scope]:
+        path = scope.get("path", "")
+        if scope["type"] == "http" and (path.startswith("/train/") or path == "/health"):
+            return Match.NONE, {}
+        return super().matches(scope)
+
+
+_REDACTED = "<redacted>"
+
+
+def scrub_errors(errors: Sequence[Any]) -> list[Any]:
+    """Validation errors safe to answer: secrets replaced, raw bodies dropped, numbers JSON can carry."""
+    clean = []
+    for error in errors:
+        error = dict(error)
+        if "input" in error:
+            loc = error.get("loc") or ()
+            if any(part in SECRET_FIELDS for part in loc):
+                error["input"] = _REDACTED
+            elif isinstance(error["input"], (str, bytes)) and len(loc) <= 1:
+                error["input"] = _REDACTED  # the raw body itself (not JSON): it may hold anything
+            else:
+                error["input"] = _scrub(error["input"])
+        if "ctx" in error:
+            error["ctx"] = _scrub(dict(error["ctx"]))
+        clean.append(error)
+    return clean
+
+
+def _scrub(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {key: _REDACTED if key in SECRET_FIELDS else _scrub(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_scrub(item) for item in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    if value is None or isinstance(value, (str, int, float)):
+        return value
+    return str(value)  # an exception in ctx, say

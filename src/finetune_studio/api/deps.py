@@ -1,4 +1,9 @@
-"""Dependency aliases for the routes: the service, the supervisor, the settings, the job."""
+"""Dependency aliases for the routes: the service, the supervisor, the settings, the job.
+
+Every dependency is `async def`, so it runs on the event loop like the routes: the
+SQLite store is used from that one thread only (a plain `def` would run in a
+thread pool, next to the loop's own use of the connection).
+"""
 
 from __future__ import annotations
 
@@ -13,15 +18,15 @@ from finetune_studio.jobs.store import JobRecord
 from finetune_studio.worker.supervisor import Supervisor
 
 
-def _settings(request: Request) -> Settings:
+async def _settings(request: Request) -> Settings:
     return request.app.state.settings  # type: ignore[no-any-return]
 
 
-def _service(request: Request) -> JobService:
+async def _service(request: Request) -> JobService:
     return request.app.state.service  # type: ignore[no-any-return]
 
 
-def _supervisor(request: Request) -> Supervisor:
+async def _supervisor(request: Request) -> Supervisor:
     return request.app.state.supervisor  # type: ignore[no-any-return]
 
 
@@ -30,14 +35,14 @@ ServiceDep = Annotated[JobService, Depends(_service)]
 SupervisorDep = Annotated[Supervisor, Depends(_supervisor)]
 
 
-def _job(job_id: str, service: ServiceDep) -> JobRecord:
+async def _job(job_id: str, service: ServiceDep) -> JobRecord:
     return service.store.get_job(job_id)  # JobNotFound -> 404
 
 
 JobDep = Annotated[JobRecord, Depends(_job)]
 
 
-def require_token(request: Request, settings: SettingsDep) -> None:
+async def require_token(request: Request, settings: SettingsDep) -> None:
     """When a token is configured, every API route wants `Authorization: Bearer <token>`."""
     if settings.token is None:
         return

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, Optional
 
+from finetune_studio.errors import StudioError
 from finetune_studio.jobs.phases import RUNNING
 from finetune_studio.jobs.store import JobRecord, JobStore, StoredEvent
 from finetune_studio.schemas import TrainingProgress, TrainingStatus
@@ -55,7 +56,11 @@ class JobService:
 
     def create_job(self, request: dict[str, Any], message: str, details: dict[str, Any]) -> JobRecord:
         job_id = new_job_id()
+        # The output folder is the server's choice alone (never a path from the
+        # request): the data dir's jobs/<random hex id>.
         output_dir = self.jobs_dir / job_id
+        if output_dir.resolve().parent != self.jobs_dir.resolve():
+            raise StudioError(f"refusing an output folder outside {self.jobs_dir}: {output_dir}")
         status = make_status(job_id, "idle", message, details={"output_dir": str(output_dir), **details})
         event = self.store.create_job(job_id, request, str(output_dir), status)
         self._publish(event)

@@ -79,4 +79,5 @@ class ProgressCallback(TrainerCallback):  # type: ignore[misc]
             "eta_seconds": round(eta, 3) if eta is not None else None,
             "grad_norm": _number(logs, "grad_norm"),
             "num_tokens": int(logs["num_tokens"]) if logs.get("num_tokens") is not None else None,
+            "timestamp": round(time.time(), 6),
         }

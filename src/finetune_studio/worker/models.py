@@ -11,11 +11,11 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
+from urllib.parse import urlsplit
 
+from finetune_studio.worker.datasets.errors import HUB_UNREACHABLE
 from finetune_studio.worker.protocol import JobFailure
 
-HUB_HOST = "huggingface.co"
-HUB_UNREACHABLE = "cannot reach the Hugging Face hub; name a local folder or file"
 
 
 @dataclass(frozen=True)
@@ -59,10 +59,12 @@ def resolve_source(name: str) -> ModelSource:
 
 
 def hub_reachable(timeout: float = 3.0) -> bool:
+    """Whether the hub (HF_ENDPOINT, by default huggingface.co) takes a connection, asked briefly."""
     if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):
         return False
+    endpoint = urlsplit(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
     try:
-        with socket.create_connection((HUB_HOST, 443), timeout=timeout):
+        with socket.create_connection((endpoint.hostname or "huggingface.co", endpoint.port or 443), timeout=timeout):
             return True
     except OSError:
         return False

@@ -40,6 +40,10 @@ class StopSignal:
     def is_set(self) -> bool:
         return self._event.is_set()
 
+    def wait(self, timeout: float) -> bool:
+        """Block until a stop arrives (True) or timeout seconds pass (False)."""
+        return self._event.wait(timeout)
+
     def check(self) -> None:
         if self._event.is_set():
             raise StopRequested(self.reason)

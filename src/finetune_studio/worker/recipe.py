@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from finetune_studio.schemas import TrainingStartRequest
+from finetune_studio.worker.checkpoints import last_checkpoint
 from finetune_studio.worker.datasets import LoadedData, load_eval_data, load_training_data, measure
 from finetune_studio.worker.models import ModelSource, load_tokenizer_and_model, resolve_source
 from finetune_studio.worker.protocol import Channel, JobFailure, StopSignal
@@ -29,17 +30,6 @@ JOB_FILE = "job.json"  # what export needs to find the base model again
 
 def has_module(name: str) -> bool:
     return importlib.util.find_spec(name) is not None
-
-
-def latest_checkpoint(folder: Path) -> Optional[Path]:
-    """The checkpoint-N with the highest N under folder (or folder/checkpoints)."""
-    found = []
-    for base in (folder, folder / "checkpoints"):
-        for path in base.glob("checkpoint-*"):
-            suffix = path.name.rsplit("-", 1)[-1]
-            if path.is_dir() and suffix.isdigit() and (path / "trainer_state.json").is_file():
-                found.append((int(suffix), path))
-    return max(found)[1] if found else None
 
 
 class Recipe:
@@ -118,7 +108,7 @@ class Recipe:
         final = trainer.state.global_step
         self.facts["train_loss"] = result.training_loss
         self.facts["steps"] = final
-        checkpoint = latest_checkpoint(self.output_dir)
+        checkpoint = last_checkpoint(self.output_dir)
         if checkpoint is not None:
             self.facts["last_checkpoint"] = str(checkpoint)
         self.save(trainer, tokenizer)
@@ -384,7 +374,7 @@ class Recipe:
                 raise JobFailure("config_invalid", f"resume_from_checkpoint: {wanted!r} is neither a checkpoint folder nor a job id")
         if (path / "trainer_state.json").is_file():
             return path
-        found = latest_checkpoint(path) if path.is_dir() else None
+        found = last_checkpoint(path) if path.is_dir() else None
         if found is None:
             raise JobFailure(
                 "config_invalid",

@@ -11,9 +11,12 @@ Stop: a queued job is stopped at once. A running one is asked to stop (it finish
 its step, saves, and reports `stopped`); after `stop_grace_seconds` it gets SIGTERM,
 and after `kill_grace_seconds` more, SIGKILL.
 
+A worker that reports its end but does not exit gets the same escalation, so a
+finished job never holds its slot (or its GPU memory) for long.
+
 Restart: on start-up, a job that was running when the server went away cannot be
 driven by anyone; its worker (if still alive) is killed and the job ends in `error`
-with `server_restarted`, its checkpoints kept. Queued jobs stay queued.
+with `server_restarted`, naming its last complete checkpoint. Queued jobs stay queued.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import contextlib
 import logging
 import os
 import signal
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -32,11 +36,19 @@ from finetune_studio.errors import InvalidTransition, JobAlreadyFinished
 from finetune_studio.jobs.phases import is_terminal
 from finetune_studio.jobs.service import JobService
 from finetune_studio.schemas import TrainingStatus
-from finetune_studio.worker.launcher import WorkerHandle, WorkerLauncher, WorkerSpec, is_our_worker
+from finetune_studio.worker.checkpoints import last_checkpoint
+from finetune_studio.worker.launcher import (
+    WorkerExit,
+    WorkerHandle,
+    WorkerLauncher,
+    WorkerSpec,
+    is_our_worker,
+)
 
 log = logging.getLogger("finetune_studio.supervisor")
 
 _LOG_TAIL_LINES = 12
+_ORPHAN_EXIT_SECONDS = 5.0
 
 
 @dataclass
@@ -77,20 +89,26 @@ class Supervisor:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(job.worker_pid, signal.SIGKILL)
                 log.warning("killed orphaned worker %s of job %s", job.worker_pid, job.id)
+                _wait_gone(job.worker_pid, job.id)  # its memory is free before the next job starts
             self.service.store.set_worker_pid(job.id, None)
             if job.phase == "idle":
                 continue  # still queued: it runs in turn
-            checkpoints = sorted(str(p) for p in Path(job.output_dir).glob("checkpoint-*") if p.is_dir())
+            output_dir = Path(job.output_dir)
             details: dict[str, Any] = {"error_code": "server_restarted", "output_dir": job.output_dir}
-            if checkpoints:
-                details["last_checkpoint"] = checkpoints[-1]
+            checkpoint = last_checkpoint(output_dir)
+            if checkpoint is not None:
+                details["last_checkpoint"] = str(checkpoint)
+            for name in ("adapter", "model"):  # saved by a worker that stopped on its own when we went away
+                if (output_dir / name).is_dir():
+                    details[f"{name}_dir"] = str(output_dir / name)
+            kept = f"Its last checkpoint is {checkpoint}" if checkpoint else "It had saved no checkpoint yet"
             self.service.transition(
                 job.id,
                 "error",
                 "The server stopped while this job was running",
                 error=(
-                    f"The server stopped while this job was in {job.phase}. Its saved checkpoints are kept"
-                    f" in {job.output_dir}; start the job again to train it."
+                    f"The server stopped while this job was in {job.phase}. {kept}; its files stay in"
+                    f" {job.output_dir}. Start the job again to train it."
                 ),
                 details=details,
             )
@@ -176,7 +194,7 @@ class Supervisor:
             self._escalate_later(active)
 
         async for message in handle.messages():
-            self._apply(job_id, message)
+            self._apply(active, message)
         exit_info = await handle.wait()
 
         if active.stop_requested:
@@ -190,12 +208,13 @@ class Supervisor:
                 job_id,
                 "error",
                 "worker_died",
-                f"{reason[0].upper()}{reason[1:]} before the job finished."
+                f"{reason[0].upper()}{reason[1:]} before the job finished.{_death_advice(exit_info)}"
                 + (f" Last lines of {handle.log_path}:\n{tail}" if tail else ""),
                 extra={"exit_code": exit_info.returncode, "signal": exit_info.signal_name, "log_path": str(handle.log_path)},
             )
 
-    def _apply(self, job_id: str, message: dict[str, Any]) -> None:
+    def _apply(self, active: ActiveJob, message: dict[str, Any]) -> None:
+        job_id = active.job_id
         kind = message.get("type")
         try:
             if kind == "status":
@@ -206,6 +225,8 @@ class Supervisor:
                     error=message.get("error"),
                     details=message.get("details"),
                 )
+                if is_terminal(str(message["phase"])):
+                    self._escalate_later(active)  # it has nothing left to do but exit
             elif kind == "progress":
                 self.service.record_progress(job_id, message["progress"])
         except InvalidTransition as exc:
@@ -276,11 +297,26 @@ class Supervisor:
     async def _escalate(self, active: ActiveJob) -> None:
         assert active.handle is not None
         await asyncio.sleep(self.settings.stop_grace_seconds)
-        log.warning("job %s did not stop within %.0f s; sending SIGTERM", active.job_id, self.settings.stop_grace_seconds)
+        log.warning("job %s did not exit within %.0f s; sending SIGTERM", active.job_id, self.settings.stop_grace_seconds)
         active.handle.terminate()
         await asyncio.sleep(self.settings.kill_grace_seconds)
         log.warning("job %s did not exit after SIGTERM; sending SIGKILL", active.job_id)
         active.handle.kill()
+
+
+def _death_advice(exit_info: WorkerExit) -> str:
+    if exit_info.signal_name != "SIGKILL":
+        return ""
+    return (
+        " If no one killed it, the system most likely ran out of memory (the kernel's OOM killer): try a"
+        " smaller batch_size with more gradient_accumulation_steps, a shorter max_seq_length, or load_in_4bit."
+    )
+
+
+def _wait_gone(pid: int, job_id: str) -> None:
+    deadline = time.monotonic() + _ORPHAN_EXIT_SECONDS
+    while is_our_worker(pid, job_id) and time.monotonic() < deadline:
+        time.sleep(0.01)
 
 
 def _log_tail(path: Path) -> str:

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterable
-from pathlib import Path
 from typing import Annotated, Optional, Union
 
 from fastapi import APIRouter, Header, Query, Response, status
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 
+from finetune_studio.api.admission import check_start
 from finetune_studio.api.deps import JobDep, ServiceDep, SettingsDep, SupervisorDep
-from finetune_studio.errors import QueueFull, StartRefused
 from finetune_studio.schemas import (
     SECRET_FIELDS,
     JobList,
@@ -24,17 +23,13 @@ router = APIRouter(prefix="/train", tags=["train"])
 
 _REFUSED = {
     status.HTTP_400_BAD_REQUEST: {"model": TrainingJobResponse, "description": "The server cannot take this request"},
+    status.HTTP_403_FORBIDDEN: {"model": TrainingJobResponse, "description": "A path lies outside the allowed folders"},
+    status.HTTP_413_CONTENT_TOO_LARGE: {"description": "The request body is over the server's limit"},
     status.HTTP_429_TOO_MANY_REQUESTS: {"model": TrainingJobResponse, "description": "The queue is full"},
 }
 _NOT_FOUND = {status.HTTP_404_NOT_FOUND: {"description": "No job has this id"}}
-
-
-def _check_startable(request: TrainingStartRequest, queued: int, max_queued: int) -> None:
-    if queued >= max_queued:
-        raise QueueFull(f"the queue is full ({queued} jobs waiting, the limit is {max_queued}); try again later")
-    missing = [name for name in request.local_datasets + request.local_eval_datasets if not Path(name).expanduser().exists()]
-    if missing:
-        raise StartRefused(f"dataset file not found: {', '.join(missing)}; check the paths in local_datasets")
+# Event ids are SQLite integers: a larger cursor is refused (422) rather than overflowing.
+_MAX_EVENT_ID = 2**63 - 1
 
 
 @router.post("/start", responses=_REFUSED)
@@ -42,7 +37,7 @@ async def start_training(
     request: TrainingStartRequest, service: ServiceDep, supervisor: SupervisorDep, settings: SettingsDep
 ) -> TrainingJobResponse:
     """Queue a training job. It runs when the jobs before it have finished."""
-    _check_startable(request, len(supervisor.queue_positions()), settings.max_queued_jobs)
+    check_start(request, settings, queued=len(supervisor.queue_positions()))
     stored = request.redacted()
     stored["withheld_secrets"] = [name for name in SECRET_FIELDS if getattr(request, name)]
     position = len(supervisor.queue_positions()) + 1
@@ -77,8 +72,8 @@ async def training_progress(job: JobDep) -> Union[TrainingProgress, Response]:
 async def training_stream(
     job: JobDep,
     service: ServiceDep,
-    last_event_id_header: Annotated[Optional[int], Header(alias="Last-Event-ID", ge=0)] = None,
-    last_event_id: Annotated[Optional[int], Query(ge=0, description="Resume after this event id")] = None,
+    last_event_id_header: Annotated[Optional[int], Header(alias="Last-Event-ID", ge=0, le=_MAX_EVENT_ID)] = None,
+    last_event_id: Annotated[Optional[int], Query(ge=0, le=_MAX_EVENT_ID, description="Resume after this event id")] = None,
 ) -> AsyncIterable[ServerSentEvent]:
     """Every status and progress event of the job as Server-Sent Events.
 

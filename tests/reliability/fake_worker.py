@@ -1,0 +1,78 @@
+"""A stand-in training child for the load and fuzz tests: speaks the wire, trains nothing.
+
+    python -m tests.reliability.fake_worker --job-id ID
+
+It announces every phase, sends `max_steps` progress events (3 by default), and
+completes; it stops after the current step when asked. The environment shapes it:
+
+    FAKE_WORKER_LOG     a file: "start ID" and "end ID" lines are appended to it
+    FAKE_WORKER_GO      a file: the worker waits for it to exist before its first step
+    FAKE_WORKER_STEP_S  seconds per step (default 0)
+    FAKE_WORKER_LINGER  when set, it does not exit after its last status (and ignores SIGTERM)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+
+def send(message: dict) -> None:
+    sys.stdout.write(json.dumps(message) + "\n")
+    sys.stdout.flush()
+
+
+def status(phase: str, **details: object) -> None:
+    send({"type": "status", "phase": phase, "message": phase, "details": {"worker_pid": os.getpid(), **details}})
+
+
+def note(job_id: str, what: str) -> None:
+    log = os.environ.get("FAKE_WORKER_LOG")
+    if log:
+        with open(log, "a", encoding="utf-8") as handle:
+            handle.write(f"{what} {job_id}\n")
+
+
+def main() -> int:
+    spec = json.loads(sys.stdin.readline())
+    job_id = spec["job_id"]
+    stop = threading.Event()
+
+    def listen() -> None:
+        for line in sys.stdin:
+            if line.strip() == "stop":
+                stop.set()
+        stop.set()  # the server went away
+
+    threading.Thread(target=listen, daemon=True).start()
+    note(job_id, "start")
+    steps = int(spec["request"].get("max_steps") or 3)
+    pause = float(os.environ.get("FAKE_WORKER_STEP_S", "0"))
+    for phase in ("loading_model", "loading_dataset", "configuring"):
+        status(phase)
+    go = os.environ.get("FAKE_WORKER_GO")
+    while go and not Path(go).exists() and not stop.is_set():
+        time.sleep(0.01)
+    status("training", total_steps=steps)
+    step = 0
+    while step < steps and not stop.is_set():
+        step += 1
+        time.sleep(pause)
+        send({"type": "progress", "progress": {"step": step, "total_steps": steps, "loss": 1.0 / step,
+                                               "learning_rate": 1e-3, "progress_percent": 100.0 * step / steps}})
+    note(job_id, "end")
+    status("stopped" if stop.is_set() else "completed", steps=step)
+    if os.environ.get("FAKE_WORKER_LINGER"):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        while True:
+            time.sleep(1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
