@@ -61,8 +61,8 @@ def test_a_studio_shaped_request_with_every_field_is_accepted_and_trains(server:
         "lora_dropout": 0.05,
         "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
         "gradient_checkpointing": "unsloth",
-        "use_rslora": True,
-        "use_loftq": False,
+        "use_rslora": False,
+        "use_loftq": True,
         "use_dora": False,
         "train_on_completions": True,
         "enable_wandb": False,
@@ -82,12 +82,13 @@ def test_a_studio_shaped_request_with_every_field_is_accepted_and_trains(server:
     warnings = "\n".join(final["warnings"])
     assert "adamw_8bit needs CUDA" in warnings and "load_in_4bit needs CUDA" in warnings
     assert "unknown field 'a_field_from_a_newer_studio' ignored" in warnings
+    assert "use_loftq needs bitsandbytes" in warnings  # no bitsandbytes on a CPU machine
     assert final["dataset"]["rows"] == 24 and final["dataset"]["format"] == "alpaca"
     steps = progress_of(events)
     assert [p["step"] for p in steps] == [1, 2, 3, 4]
     assert [p.get("eval_loss") is not None for p in steps] == [False, True, False, True]
     config = json.loads((Path(final["adapter_dir"]) / "adapter_config.json").read_text())
-    assert config["r"] == 8 and config["use_rslora"] is True and config["lora_dropout"] == 0.05
+    assert config["r"] == 8 and config["lora_dropout"] == 0.05
     assert sorted(config["target_modules"]) == sorted(body["target_modules"])
     assert sorted(p.name for p in (Path(final["output_dir"]) / "checkpoints").glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-4"]
 
@@ -159,9 +160,10 @@ def test_a_hub_id_fails_fast_when_the_hub_cannot_be_reached(start_server, tiny_m
 
 def test_export_writes_a_merged_model_that_transformers_loads(server: ServerProcess, tiny_model: Path, tmp_path: Path) -> None:
     with server.client() as client:
-        job_id = client.start(job_request(tiny_model, max_steps=4, learning_rate="5e-3"))
+        job_id = client.start(job_request(tiny_model, max_steps=4, learning_rate="5e-3", use_rslora=True))
         final = collect(client, job_id)[-1].data
     assert final["phase"] == "completed"
+    assert json.loads((Path(final["details"]["adapter_dir"]) / "adapter_config.json").read_text())["use_rslora"] is True
     merged = tmp_path / "merged"
     subprocess.run(
         [sys.executable, "-m", "finetune_studio.cli.main", "export", job_id, "--merged", str(merged), "--data-dir", str(server.data_dir)],

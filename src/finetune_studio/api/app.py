@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import mimetypes
 import logging
 import math
 from collections.abc import AsyncIterator, Sequence
@@ -93,6 +94,8 @@ def create_app(settings: Settings, launcher: Optional[WorkerLauncher] = None) ->
         return JSONResponse({"detail": jsonable_encoder(scrub_errors(exc.errors()))}, status_code=422)
 
     if WEB_DIR.is_dir():
+        # ES modules must be served as JavaScript; some systems map .js to text/plain.
+        mimetypes.add_type("text/javascript", ".js")
         # The UI's files hold no data; its API calls carry the token.
         app.router.routes.append(UiMount("/", app=StaticFiles(directory=WEB_DIR, html=True), name="web"))
     return app

@@ -16,6 +16,7 @@ import importlib.util
 import os
 import shutil
 import sys
+import warnings
 from importlib import resources
 from pathlib import Path
 from typing import Any, Optional
@@ -101,6 +102,7 @@ def quiet_libraries() -> None:
 
     transformers_logging.disable_progress_bar()
     transformers_logging.set_verbosity_error()
+    warnings.filterwarnings("ignore", category=FutureWarning)  # deprecation notes from the libraries
 
 
 def run_demo(data_dir: Path, url_for: Any, tiny: bool, steps: Optional[int]) -> int:

@@ -344,7 +344,9 @@ class Recipe:
 
         request = self.request
         extra: dict[str, Any] = {}
-        if request.use_loftq:
+        if request.use_loftq and not has_module("bitsandbytes"):
+            self.channel.warn("use_loftq needs bitsandbytes (peft quantizes with it); LoRA starts from the usual initialization")
+        elif request.use_loftq:
             from peft import LoftQConfig
 
             extra = {"init_lora_weights": "loftq", "loftq_config": LoftQConfig(loftq_bits=4, loftq_iter=1)}

@@ -1,0 +1,163 @@
+"""Shared pieces of the benchmarks: servers, the tiny model, SSE clients, percentiles."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import resource
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Optional
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+DEMO_DATA = ROOT / "src" / "finetune_studio" / "demo" / "tiny_alpaca.jsonl"
+
+
+def raise_fd_limit() -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
+    return ordered[index]
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+def tiny_model(workdir: Path) -> Path:
+    path = workdir / "tiny-llama"
+    if not (path / "config.json").exists():
+        subprocess.run([sys.executable, "-m", "finetune_studio.cli.main", "make-tiny-model", str(path)], check=True, capture_output=True)
+    return path
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+@contextmanager
+def server(data_dir: Path, env: Optional[dict[str, str]] = None) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    port = free_port()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    log = open(data_dir / "server.log", "ab")  # noqa: SIM115 - closed below
+    process = subprocess.Popen(
+        [sys.executable, "-m", "finetune_studio.cli.main", "serve", "--port", str(port), "--data-dir", str(data_dir), "--log-level", "warning"],
+        stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, process)
+        yield url, process
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+        log.close()
+
+
+def wait_healthy(url: str, process: subprocess.Popen[bytes], timeout: float = 30) -> float:
+    started = time.monotonic()
+    while time.monotonic() - started < timeout:
+        if process.poll() is not None:
+            raise RuntimeError("server exited at start-up")
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return time.monotonic() - started
+        except httpx.TransportError:
+            time.sleep(0.002)
+    raise RuntimeError("server did not answer /health")
+
+
+def job_request(model: Path, **overrides: Any) -> dict[str, Any]:
+    request: dict[str, Any] = {
+        "model_name": str(model), "training_type": "LoRA/QLoRA", "format_type": "alpaca",
+        "local_datasets": [str(DEMO_DATA)], "max_steps": 200, "learning_rate": "1e-3", "batch_size": 2,
+        "lora_r": 8, "lora_alpha": 16, "max_seq_length": 128, "save_steps": 0, "random_seed": 3407,
+    }
+    request.update(overrides)
+    return request
+
+
+def start_job(url: str, request: dict[str, Any]) -> str:
+    response = httpx.post(f"{url}/train/start", json=request, timeout=30)
+    response.raise_for_status()
+    return str(response.json()["job_id"])
+
+
+async def sse_client(host: str, port: int, path: str, on_event: Any, last_event_id: int = 0) -> int:
+    """A lean SSE reader on a raw socket (cheap enough to run a thousand in one process).
+
+    Calls on_event(id, kind, data_bytes, received_at) per event; returns the count.
+    """
+    reader, writer = await asyncio.open_connection(host, port, limit=1 << 22)
+    headers = f"GET {path} HTTP/1.1\r\nHost: {host}\r\nAccept: text/event-stream\r\n"
+    if last_event_id:
+        headers += f"Last-Event-ID: {last_event_id}\r\n"
+    writer.write((headers + "\r\n").encode())
+    await writer.drain()
+    await reader.readuntil(b"\r\n\r\n")  # response headers (chunked body follows)
+    buffer = b""
+    count = 0
+    done = False
+    while not done:
+        size_line = await reader.readuntil(b"\r\n")
+        size = int(size_line.strip(), 16)
+        if size == 0:
+            break
+        chunk = await reader.readexactly(size + 2)
+        buffer += chunk[:-2]
+        while b"\n\n" in buffer:
+            block, buffer = buffer.split(b"\n\n", 1)
+            if block.startswith(b":"):
+                continue
+            event_id, kind, data = 0, b"", b""
+            for line in block.split(b"\n"):
+                if line.startswith(b"id: "):
+                    event_id = int(line[4:])
+                elif line.startswith(b"event: "):
+                    kind = line[7:]
+                elif line.startswith(b"data: "):
+                    data = line[6:]
+            count += 1
+            on_event(event_id, kind, data, time.time())
+            if kind == b"status" and json.loads(data)["phase"] in ("completed", "error", "stopped"):
+                done = True
+    writer.close()
+    return count
+
+
+def table(title: str, rows: list[tuple[str, str, str, str]]) -> str:
+    """Rows of (measure, result, budget, verdict) as a Markdown table."""
+    lines = [f"### {title}", "", "| measure | result | budget | |", "|---|---|---|---|"]
+    lines += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows]
+    return "\n".join(lines) + "\n"
+
+
+def verdict(ok: bool) -> str:
+    return "met" if ok else "MISSED"
