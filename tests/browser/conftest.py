@@ -26,7 +26,9 @@ CHROMIUM_ARGS = [
 VIEWPORT = {"width": 1280, "height": 900}
 
 
-@pytest.fixture(scope="session")
+# Package scope: Playwright's sync API keeps an event loop running in this thread
+# while it lives, so it must be gone before other tests call asyncio.run().
+@pytest.fixture(scope="package")
 def browser() -> Iterator[Any]:
     executable = shutil.which("chromium")
     if executable is None:

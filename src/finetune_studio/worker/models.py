@@ -93,6 +93,8 @@ def load_tokenizer_and_model(
                 raise JobFailure("model_not_found", f"{HUB_UNREACHABLE} (asked for {source.location!r})") from None
     try:
         return _load(AutoTokenizer, AutoModelForCausalLM, location, dtype, quantization_config, kwargs)
+    except ImportError as exc:  # e.g. the gguf package, for a .gguf file
+        raise JobFailure("model_not_found", f"cannot load the model {source.location}: {exc}") from None
     except (OSError, ValueError, KeyError) as exc:
         text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise JobFailure("model_not_found", f"cannot load the model {source.location}: {text}") from None
