@@ -15,12 +15,13 @@ from typing import Any, ClassVar
 import pytest
 
 from finetune_studio.schemas import TrainingStartRequest
-from finetune_studio.worker.data import LoadedData, load_local  # the old import path still works
 from finetune_studio.worker.datasets import (
     HUB_UNREACHABLE,
     DatasetError,
+    LoadedData,
     detect_shape,
     load_eval_data,
+    load_local,
     load_training_data,
     measure,
 )
@@ -698,7 +699,7 @@ def test_offline_mode_looks_only_in_the_cache(tmp_path: Path) -> None:
 
 def test_the_package_imports_nothing_heavy() -> None:
     script = (
-        "import sys, finetune_studio.worker.datasets, finetune_studio.worker.data\n"
+        "import sys, finetune_studio.worker.datasets\n"
         "heavy = ('torch', 'transformers', 'datasets', 'pyarrow', 'huggingface_hub')\n"
         "print(sorted(m for m in heavy if m in sys.modules))"
     )

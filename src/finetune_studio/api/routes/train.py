@@ -37,10 +37,11 @@ async def start_training(
     request: TrainingStartRequest, service: ServiceDep, supervisor: SupervisorDep, settings: SettingsDep
 ) -> TrainingJobResponse:
     """Queue a training job. It runs when the jobs before it have finished."""
-    check_start(request, settings, queued=len(supervisor.queue_positions()))
+    queued = len(supervisor.queue_positions())
+    check_start(request, settings, queued=queued)
     stored = request.redacted()
     stored["withheld_secrets"] = [name for name in SECRET_FIELDS if getattr(request, name)]
-    position = len(supervisor.queue_positions()) + 1
+    position = queued + 1
     job = service.create_job(
         stored,
         message=f"Queued (position {position})",
