@@ -110,46 +110,80 @@ def start_job(url: str, request: dict[str, Any]) -> str:
     return str(response.json()["job_id"])
 
 
-async def sse_client(host: str, port: int, path: str, on_event: Any, last_event_id: int = 0) -> int:
-    """A lean SSE reader on a raw socket (cheap enough to run a thousand in one process).
+class _SSEProtocol(asyncio.Protocol):
+    """Reads one chunked text/event-stream response; stamps each chunk as it arrives."""
 
-    Calls on_event(id, kind, data_bytes, received_at) per event; returns the count.
-    """
-    reader, writer = await asyncio.open_connection(host, port, limit=1 << 22)
-    headers = f"GET {path} HTTP/1.1\r\nHost: {host}\r\nAccept: text/event-stream\r\n"
-    if last_event_id:
-        headers += f"Last-Event-ID: {last_event_id}\r\n"
-    writer.write((headers + "\r\n").encode())
-    await writer.drain()
-    await reader.readuntil(b"\r\n\r\n")  # response headers (chunked body follows)
-    buffer = b""
-    count = 0
-    done = False
-    while not done:
-        size_line = await reader.readuntil(b"\r\n")
-        size = int(size_line.strip(), 16)
-        if size == 0:
-            break
-        chunk = await reader.readexactly(size + 2)
-        buffer += chunk[:-2]
-        while b"\n\n" in buffer:
-            block, buffer = buffer.split(b"\n\n", 1)
+    def __init__(self, on_event: Any) -> None:
+        self.on_event = on_event
+        self.raw = b""  # bytes not yet decoded from the chunked transfer coding
+        self.text = b""  # decoded stream bytes not yet split into events
+        self.headers_done = False
+        self.count = 0
+        self.done: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+
+    def data_received(self, data: bytes) -> None:
+        received = time.time()
+        self.raw += data
+        if not self.headers_done:
+            head, sep, rest = self.raw.partition(b"\r\n\r\n")
+            if not sep:
+                return
+            self.headers_done, self.raw = True, rest
+        ended = False
+        while not ended:  # decode every complete chunk: "<hex size>\r\n<bytes>\r\n"
+            size_line, sep, rest = self.raw.partition(b"\r\n")
+            if not sep:
+                break
+            size = int(size_line, 16)
+            if len(rest) < size + 2:
+                break
+            ended = size == 0  # the last chunk
+            self.text += rest[:size]
+            self.raw = rest[size + 2:]
+        *blocks, self.text = self.text.split(b"\n\n")
+        for block in blocks:
             if block.startswith(b":"):
-                continue
-            event_id, kind, data = 0, b"", b""
+                continue  # keep-alive comment
+            event_id, kind, payload = 0, b"", b""
             for line in block.split(b"\n"):
                 if line.startswith(b"id: "):
                     event_id = int(line[4:])
                 elif line.startswith(b"event: "):
                     kind = line[7:]
                 elif line.startswith(b"data: "):
-                    data = line[6:]
-            count += 1
-            on_event(event_id, kind, data, time.time())
-            if kind == b"status" and json.loads(data)["phase"] in ("completed", "error", "stopped"):
-                done = True
-    writer.close()
-    return count
+                    payload = line[6:]
+            self.count += 1
+            self.on_event(event_id, kind, payload, received)
+            if kind == b"status" and json.loads(payload)["phase"] in ("completed", "error", "stopped"):
+                ended = True
+        if ended:
+            self._finish()
+
+    def _finish(self) -> None:
+        if not self.done.done():
+            self.done.set_result(self.count)
+
+    def connection_lost(self, exc: Optional[Exception]) -> None:
+        if not self.done.done():
+            self.done.set_exception(exc or ConnectionError("the server closed the stream before its terminal event"))
+
+
+async def sse_client(host: str, port: int, path: str, on_event: Any, last_event_id: int = 0) -> int:
+    """A lean SSE reader on a raw socket (cheap enough to run a thousand in one process).
+
+    Calls on_event(id, kind, data_bytes, received_at) per event, where received_at is
+    when the bytes holding the event arrived; returns the count of events.
+    """
+    loop = asyncio.get_running_loop()
+    transport, protocol = await loop.create_connection(lambda: _SSEProtocol(on_event), host, port)
+    headers = f"GET {path} HTTP/1.1\r\nHost: {host}\r\nAccept: text/event-stream\r\n"
+    if last_event_id:
+        headers += f"Last-Event-ID: {last_event_id}\r\n"
+    transport.write((headers + "\r\n").encode())
+    try:
+        return await protocol.done
+    finally:
+        transport.close()
 
 
 def table(title: str, rows: list[tuple[str, str, str, str]]) -> str:

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from finetune_studio.api import deps
+from finetune_studio.api import auth
 from finetune_studio.api.app import create_app
 from finetune_studio.config import Settings
 from finetune_studio.errors import UnsafeSettings
@@ -67,7 +67,7 @@ def test_with_a_token_every_route_but_health_wants_it(tmp_path: Path, monkeypatc
         compared.append((given, expected))
         return compare_digest(given, expected)
 
-    monkeypatch.setattr(deps.hmac, "compare_digest", spy)
+    monkeypatch.setattr(auth.hmac, "compare_digest", spy)
     settings = Settings(host="0.0.0.0", data_dir=tmp_path / "data", token=TOKEN)
     app = create_app(settings, launcher=InstantLauncher())
     good = {"Authorization": f"Bearer {TOKEN}"}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import mimetypes
 import logging
@@ -10,7 +11,7 @@ from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any, Optional
 
-from fastapi import Depends, FastAPI, Request
+from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
@@ -22,7 +23,8 @@ from starlette.types import Scope
 
 from finetune_studio import __version__
 from finetune_studio.api.body_limit import DeclaredBodyLimit, too_large_message
-from finetune_studio.api.deps import require_token
+from finetune_studio.api.auth import TokenGuard
+from finetune_studio.api.deps import Studio
 from finetune_studio.api.routes import health, train
 from finetune_studio.config import Settings
 from finetune_studio.errors import StartRefused, StudioError, UnsafeSettings
@@ -33,6 +35,7 @@ from finetune_studio.worker.launcher import LocalProcessLauncher, WorkerLauncher
 from finetune_studio.worker.supervisor import Supervisor
 
 WEB_DIR = Path(__file__).resolve().parent.parent / "web"
+API_PREFIX = train.router.prefix + "/"  # every path under it wants the token, when one is set
 log = logging.getLogger("finetune_studio")
 
 
@@ -49,13 +52,13 @@ def create_app(settings: Settings, launcher: Optional[WorkerLauncher] = None) ->
         store = JobStore(settings.db_path)
         service = JobService(store, settings.jobs_dir)
         supervisor = Supervisor(service, launcher or LocalProcessLauncher(settings.worker_python), settings)
-        app.state.settings = settings
-        app.state.service = service
-        app.state.supervisor = supervisor
+        app.state.studio = Studio(settings, service, supervisor)
         await supervisor.start()
+        keepalive = asyncio.create_task(service.keep_streams_alive(), name="stream keep-alive")
         try:
             yield
         finally:
+            keepalive.cancel()
             await supervisor.shutdown()
             store.close()
 
@@ -65,10 +68,12 @@ def create_app(settings: Settings, launcher: Optional[WorkerLauncher] = None) ->
         summary="Fine-tune language models: queue jobs, stream every step.",
         lifespan=lifespan,
     )
-    app.state.settings = settings
+    if settings.token is not None:
+        app.add_middleware(TokenGuard, token=settings.token.get_secret_value(), prefixes=(API_PREFIX,))
+    # Added last, so it runs first: an over-long declared body is refused unread.
     app.add_middleware(DeclaredBodyLimit, max_bytes=settings.max_request_bytes)
     app.include_router(health.router)
-    app.include_router(train.router, dependencies=[Depends(require_token)], max_body_size=settings.max_request_bytes)
+    app.include_router(train.router, max_body_size=settings.max_request_bytes)
 
     @app.exception_handler(StudioError)
     async def studio_error(request: Request, exc: StudioError) -> JSONResponse:
@@ -108,7 +113,7 @@ class UiMount(Mount):
 
     def matches(self, scope: Scope) -> tuple[Match, Scope]:
         path = scope.get("path", "")
-        if scope["type"] == "http" and (path.startswith("/train/") or path == "/health"):
+        if scope["type"] == "http" and (path.startswith(API_PREFIX) or path == "/health"):
             return Match.NONE, {}
         return super().matches(scope)
 

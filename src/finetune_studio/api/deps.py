@@ -1,16 +1,19 @@
-"""Dependency aliases for the routes: the service, the supervisor, the settings, the job.
+"""The routes' dependencies: the studio (settings, job service, supervisor) and the job.
 
-Every dependency is `async def`, so it runs on the event loop like the routes: the
-SQLite store is used from that one thread only (a plain `def` would run in a
-thread pool, next to the loop's own use of the connection).
+Both are `async def`, so they run on the event loop like the routes: the SQLite
+store is used from that one thread only (a plain `def` would run in a thread pool,
+next to the loop's own use of the connection). Each route takes the one `Studio`
+rather than three separate dependencies: FastAPI spends tens of microseconds per
+dependency per request. The polling route, the hottest, takes the `Request` and
+calls `studio_of` itself, which costs nothing.
 """
 
 from __future__ import annotations
 
-import hmac
+from dataclasses import dataclass
 from typing import Annotated
 
-from fastapi import Depends, HTTPException, Request, status
+from fastapi import Depends, Request
 
 from finetune_studio.config import Settings
 from finetune_studio.jobs.service import JobService
@@ -18,39 +21,28 @@ from finetune_studio.jobs.store import JobRecord
 from finetune_studio.worker.supervisor import Supervisor
 
 
-async def _settings(request: Request) -> Settings:
-    return request.app.state.settings  # type: ignore[no-any-return]
+@dataclass(frozen=True)
+class Studio:
+    """What the routes work with, made once by the app's lifespan."""
+
+    settings: Settings
+    service: JobService
+    supervisor: Supervisor
 
 
-async def _service(request: Request) -> JobService:
-    return request.app.state.service  # type: ignore[no-any-return]
+def studio_of(request: Request) -> Studio:
+    return request.app.state.studio  # type: ignore[no-any-return]
 
 
-async def _supervisor(request: Request) -> Supervisor:
-    return request.app.state.supervisor  # type: ignore[no-any-return]
+async def _studio(request: Request) -> Studio:
+    return studio_of(request)
 
 
-SettingsDep = Annotated[Settings, Depends(_settings)]
-ServiceDep = Annotated[JobService, Depends(_service)]
-SupervisorDep = Annotated[Supervisor, Depends(_supervisor)]
+StudioDep = Annotated[Studio, Depends(_studio)]
 
 
-async def _job(job_id: str, service: ServiceDep) -> JobRecord:
-    return service.store.get_job(job_id)  # JobNotFound -> 404
+async def _job(job_id: str, studio: StudioDep) -> JobRecord:
+    return studio.service.store.get_job(job_id)  # JobNotFound -> 404
 
 
 JobDep = Annotated[JobRecord, Depends(_job)]
-
-
-async def require_token(request: Request, settings: SettingsDep) -> None:
-    """When a token is configured, every API route wants `Authorization: Bearer <token>`."""
-    if settings.token is None:
-        return
-    scheme, _, given = request.headers.get("authorization", "").partition(" ")
-    expected = settings.token.get_secret_value().encode()
-    if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), expected):
-        raise HTTPException(
-            status_code=status.HTTP_401_UNAUTHORIZED,
-            detail="missing or wrong API token: send Authorization: Bearer <FINETUNE_STUDIO_TOKEN>",
-            headers={"WWW-Authenticate": "Bearer"},
-        )

@@ -12,10 +12,14 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
-from finetune_studio.cli.client import StudioClient, StudioError
-from finetune_studio.cli.progress import ProgressView
+if TYPE_CHECKING:
+    from finetune_studio.cli.client import StudioClient
+    from finetune_studio.cli.progress import ProgressView
+
+# Each command imports what it needs when it runs: `serve` must start fast, and the
+# client's httpx and the progress view's rich would cost it a quarter of a second.
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -82,6 +86,9 @@ def _watch(client: StudioClient, job_id: str, view: ProgressView) -> dict:
 
 
 def _watch_command(args: argparse.Namespace) -> int:
+    from finetune_studio.cli.client import StudioClient, StudioError
+    from finetune_studio.cli.progress import ProgressView
+
     view = ProgressView(sys.stdout, interactive=sys.stdout.isatty(), width=shutil.get_terminal_size().columns - 1)
     with StudioClient(args.url, token=args.token) as client:
         try:
@@ -101,6 +108,8 @@ def _free_port() -> int:
 @contextlib.contextmanager
 def running_server(data_dir: Path, port: int) -> Iterator[str]:
     """A `finetune-studio serve` child on 127.0.0.1:port, stopped on exit."""
+    from finetune_studio.cli.client import StudioClient
+
     log_path = data_dir / "server.log"
     data_dir.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log:

@@ -1,10 +1,12 @@
 """JobService: the one place that writes job state, and the event fan-out.
 
 Every status change and every progress step goes through here: it is persisted by
-the store (one transaction) and then wakes every stream reader of that job. Readers
-never get events pushed into per-client queues; each keeps a cursor (the last event
-id it sent) and reads what is past it, so a slow client costs nothing to the others
-and reconnecting with `Last-Event-ID` is the same code path as following live.
+the store (one transaction), encoded once as SSE bytes into the job's `EventFeed`,
+and then wakes every stream reader of that job. Readers never get events pushed
+into per-client queues; each keeps a cursor (the last event id it sent) and takes
+everything past it in one chunk, from the feed when the feed reaches back that far
+and from the database otherwise. So a slow client costs nothing to the others, and
+reconnecting with `Last-Event-ID` is the same code path as following live.
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 from finetune_studio.errors import StudioError
-from finetune_studio.jobs.phases import RUNNING
+from finetune_studio.jobs.feed import KEEPALIVE, EventFeed, sse_frame
+from finetune_studio.jobs.phases import TERMINAL
 from finetune_studio.jobs.store import JobRecord, JobStore, StoredEvent
 from finetune_studio.schemas import TrainingProgress, TrainingStatus
 
@@ -45,12 +48,20 @@ def make_status(
     return status.model_dump()
 
 
+# Events a feed keeps in memory per unfinished job (about 300 bytes each).
+FEED_CAPACITY = 4096
+# Events per database read when a reader is behind its job's feed.
+REPLAY_PAGE = 5000
+
+
 class JobService:
-    def __init__(self, store: JobStore, jobs_dir: Path) -> None:
+    def __init__(self, store: JobStore, jobs_dir: Path, keepalive_seconds: float = 15.0) -> None:
         self.store = store
         self.jobs_dir = jobs_dir
-        # One asyncio.Event per job with waiting readers; set and dropped on publish.
-        self._signals: dict[str, asyncio.Event] = {}
+        self.keepalive_seconds = keepalive_seconds
+        # The feeds of unfinished jobs that have had an event or a reader since the
+        # server started; a finished job's feed is dropped (its readers keep theirs).
+        self._feeds: dict[str, EventFeed] = {}
 
     # -- writes -------------------------------------------------------------
 
@@ -63,7 +74,7 @@ class JobService:
             raise StudioError(f"refusing an output folder outside {self.jobs_dir}: {output_dir}")
         status = make_status(job_id, "idle", message, details={"output_dir": str(output_dir), **details})
         event = self.store.create_job(job_id, request, str(output_dir), status)
-        self._publish(event)
+        self._publish(event, terminal=False)
         return self.store.get_job(job_id)
 
     def transition(
@@ -76,20 +87,31 @@ class JobService:
         details: Optional[dict[str, Any]] = None,
     ) -> StoredEvent:
         event = self.store.transition(job_id, make_status(job_id, phase, message, error=error, details=details))
-        self._publish(event)
+        self._publish(event, terminal=phase in TERMINAL)
         return event
 
     def record_progress(self, job_id: str, progress: dict[str, Any]) -> Optional[StoredEvent]:
         payload = TrainingProgress.model_validate(progress).model_dump(exclude_none=True)
         event = self.store.append_progress(job_id, payload)
         if event is not None:
-            self._publish(event)
+            self._publish(event, terminal=False)
         return event
 
-    def _publish(self, event: StoredEvent) -> None:
-        signal = self._signals.pop(event.job_id, None)
-        if signal is not None:
-            signal.set()
+    def _publish(self, event: StoredEvent, terminal: bool) -> None:
+        feed = self._feeds.get(event.job_id)
+        if feed is None:
+            feed = self._feeds[event.job_id] = EventFeed(event.id, FEED_CAPACITY)
+        feed.append(event, sse_frame(event), terminal)
+        if terminal:
+            del self._feeds[event.job_id]
+
+    async def keep_streams_alive(self) -> None:
+        """Wake every reader each `keepalive_seconds`; an idle stream then sends a comment,
+        so proxies keep it open and a client that went away is noticed."""
+        while True:
+            await asyncio.sleep(self.keepalive_seconds)
+            for feed in list(self._feeds.values()):
+                feed.wake()
 
     # -- reads --------------------------------------------------------------
 
@@ -101,21 +123,39 @@ class JobService:
             status.details = details
         return status
 
-    async def follow(self, job_id: str, after_id: int = 0) -> AsyncIterator[StoredEvent]:
-        """Every event of a job with id > after_id, live, ending after the terminal status."""
+    async def stream(self, job_id: str, after_id: int = 0) -> AsyncIterator[bytes]:
+        """Every event of a job with id > after_id as SSE bytes, live, ending after the
+        terminal status. Each chunk holds every event the reader was behind on."""
         cursor = after_id
+        feed: Optional[EventFeed] = None
         while True:
-            events = self.store.events_after(job_id, cursor)
-            for event in events:
-                yield event
-                cursor = event.id
-                if event.is_terminal_status:
-                    return
-            if events:
-                continue
-            # Nothing new. No await lies between the read above and taking the
-            # signal here, so no event can slip past unnoticed.
-            if self.store.get_job(job_id).phase not in RUNNING | {"idle"}:
-                return  # finished and fully read (terminal event id <= after_id)
-            signal = self._signals.setdefault(job_id, asyncio.Event())
-            await signal.wait()
+            if feed is None or not feed.covers(cursor):
+                feed = self._feeds.get(job_id)
+            if feed is not None and feed.covers(cursor):
+                chunk, cursor = feed.frames_after(cursor)
+                if chunk:
+                    yield chunk
+                    if feed.finished and cursor == feed.last_id:
+                        return
+                    continue
+                if feed.finished:
+                    return  # the terminal event was at or before after_id
+            else:
+                events = self.store.events_after(job_id, cursor, limit=REPLAY_PAGE)
+                if events:
+                    yield b"".join(sse_frame(event) for event in events)
+                    cursor = events[-1].id
+                    if events[-1].is_terminal_status:
+                        return
+                    continue
+                # Caught up with the database, and no feed reaches back here: the job
+                # is finished, or has had no event since the server started.
+                job = self.store.get_job(job_id)
+                if job.phase in TERMINAL:
+                    return  # finished and fully read (terminal event id <= after_id)
+                feed = self._feeds.setdefault(job_id, EventFeed(job.last_event_id + 1, FEED_CAPACITY))
+            # Nothing new. No await lies between the read above and this wait, so no
+            # event can slip past unnoticed.
+            await feed.wait()
+            if feed.last_id <= cursor and not feed.finished:
+                yield KEEPALIVE  # woken with nothing new: the keep-alive tick

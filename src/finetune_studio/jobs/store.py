@@ -186,6 +186,13 @@ class JobStore:
             raise JobNotFound(job_id)
         return str(row[0])
 
+    def status_json(self, job_id: str) -> tuple[str, str]:
+        """The job's phase and its current status as stored JSON (no parsing)."""
+        row = self._db.execute("SELECT phase, status_json FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        if row is None:
+            raise JobNotFound(job_id)
+        return str(row[0]), str(row[1])
+
     def get_job(self, job_id: str) -> JobRecord:
         row = self._db.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
         if row is None:

@@ -1,0 +1,176 @@
+"""The event fan-out: JobService.stream over the in-memory feed and the database.
+
+Every reader must get every event after its cursor exactly once, in order, ending
+with the terminal status, whether it reads from the feed (live), from the database
+(behind the feed, or after a restart) or from both in turn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from finetune_studio.jobs import service as service_module
+from finetune_studio.jobs.feed import KEEPALIVE, EventFeed, sse_frame
+from finetune_studio.jobs.service import JobService
+from finetune_studio.jobs.store import JobStore, StoredEvent
+
+FRAME = re.compile(rb"event: (status|progress)\ndata: ([^\n]*)\nid: (\d+)\n\n")
+
+
+def make_service(tmp_path: Path, **kwargs: float) -> JobService:
+    return JobService(JobStore(tmp_path / "studio.db"), tmp_path / "jobs", **kwargs)
+
+
+def to_training(service: JobService) -> str:
+    job = service.create_job({}, "queued", {})
+    for phase in ("loading_model", "loading_dataset", "configuring", "training"):
+        service.transition(job.id, phase, phase)
+    return job.id
+
+
+def step(service: JobService, job_id: str, n: int) -> None:
+    service.record_progress(job_id, {"step": n, "total_steps": 10_000, "loss": 1.0, "learning_rate": 1e-4,
+                                     "progress_percent": 0.0, "epoch": 0.0, "elapsed_seconds": 1.0, "eta_seconds": 1.0})
+
+
+def ids(chunks: list[bytes]) -> list[int]:
+    text = b"".join(chunks).replace(KEEPALIVE, b"")
+    frames = FRAME.findall(text)
+    assert b"".join(b"event: %s\ndata: %s\nid: %s\n\n" % f for f in frames) == text, "a malformed frame"
+    return [int(f[2]) for f in frames]
+
+
+async def read_all(stream: AsyncIterator[bytes], chunks: list[bytes]) -> None:
+    async for chunk in stream:
+        chunks.append(chunk)
+
+
+def test_a_frame_is_the_sse_wire_format() -> None:
+    event = StoredEvent("j", 7, "progress", '{"step":3,"note":"a\\nb"}')
+    assert sse_frame(event) == b'event: progress\ndata: {"step":3,"note":"a\\nb"}\nid: 7\n\n'
+
+
+def test_the_feed_keeps_only_the_newest_frames_and_says_what_it_covers() -> None:
+    feed = EventFeed(first_id=1, capacity=4)
+    for n in range(1, 9):
+        feed.append(StoredEvent("j", n, "progress", "{}"), b"%d;" % n, terminal=False)
+    # At twice its capacity it drops the oldest down to capacity.
+    assert (feed.first_id, feed.last_id) == (5, 8)
+    assert feed.covers(4) and not feed.covers(3)
+    assert feed.frames_after(5) == (b"6;7;8;", 8)
+    assert feed.frames_after(8) == (b"", 8)
+    feed.append(StoredEvent("j", 9, "status", "{}"), b"9;", terminal=True)
+    assert feed.finished and feed.frames_after(8) == (b"9;", 9)
+
+
+def test_live_readers_get_every_event_once_in_order_and_end_after_the_terminal(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        service = make_service(tmp_path)
+        job_id = to_training(service)
+        readers = [[] for _ in range(20)]
+        tasks = [asyncio.create_task(read_all(service.stream(job_id, 0), chunks)) for chunks in readers]
+        await asyncio.sleep(0)
+        for n in range(1, 301):
+            step(service, job_id, n)
+            if n % 7 == 0:
+                await asyncio.sleep(0)  # let readers catch up some of the time, not always
+        service.transition(job_id, "completed", "done")
+        await asyncio.wait_for(asyncio.gather(*tasks), 30)
+        expected = list(range(1, 307))
+        for chunks in readers:
+            assert ids(chunks) == expected
+            # A reader behind by several events got them in one chunk.
+            assert len(chunks) < len(expected)
+        assert job_id not in service._feeds  # a finished job's feed is dropped
+
+    asyncio.run(scenario())
+
+
+def test_a_reader_far_behind_the_feed_reads_the_database_then_joins_the_feed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(service_module, "FEED_CAPACITY", 8)
+    monkeypatch.setattr(service_module, "REPLAY_PAGE", 10)
+
+    async def scenario() -> None:
+        service = make_service(tmp_path)
+        job_id = to_training(service)
+        for n in range(1, 101):
+            step(service, job_id, n)
+        assert service._feeds[job_id].first_id > 50  # the feed holds only the newest
+        for after in (0, 3, 50, 104, 105):
+            chunks: list[bytes] = []
+            task = asyncio.create_task(read_all(service.stream(job_id, after), chunks))
+            await asyncio.sleep(0.01)
+            step(service, job_id, 101)  # live, while the reader is in the database or the feed
+            await asyncio.sleep(0.01)
+            last = service.store.get_job(job_id).last_event_id
+            assert ids(chunks) == list(range(after + 1, last + 1))
+            task.cancel()
+        service.transition(job_id, "stopped", "stopped")
+
+    asyncio.run(scenario())
+
+
+def test_replay_of_a_finished_job_reads_pages_and_ends(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(service_module, "REPLAY_PAGE", 7)
+
+    async def scenario() -> None:
+        service = make_service(tmp_path)
+        job_id = to_training(service)
+        for n in range(1, 41):
+            step(service, job_id, n)
+        service.transition(job_id, "completed", "done")
+        for after, expected in ((0, list(range(1, 47))), (45, [46]), (46, []), (10**6, [])):
+            chunks: list[bytes] = []
+            await asyncio.wait_for(read_all(service.stream(job_id, after), chunks), 10)
+            assert ids(chunks) == expected
+        chunks = []
+        await read_all(service.stream(job_id, 0), chunks)
+        assert len(chunks) == 7  # 46 events in pages of 7
+
+    asyncio.run(scenario())
+
+
+def test_after_a_restart_a_reader_of_an_unfinished_job_follows_new_events(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        first = make_service(tmp_path)
+        job_id = to_training(first)
+        step(first, job_id, 1)
+        first.store.close()
+        # A new server: no feed in memory; the reader replays from the database and
+        # then waits for events that the new service publishes.
+        service = make_service(tmp_path)
+        chunks: list[bytes] = []
+        task = asyncio.create_task(read_all(service.stream(job_id, 2), chunks))
+        await asyncio.sleep(0.01)
+        assert ids(chunks) == [3, 4, 5, 6]
+        step(service, job_id, 2)
+        service.transition(job_id, "error", "server restarted", error="server_restarted")
+        await asyncio.wait_for(task, 10)
+        assert ids(chunks) == [3, 4, 5, 6, 7, 8]
+
+    asyncio.run(scenario())
+
+
+def test_an_idle_stream_sends_a_keepalive_comment(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        service = make_service(tmp_path, keepalive_seconds=0.02)
+        job_id = service.create_job({}, "queued", {}).id
+        ticker = asyncio.create_task(service.keep_streams_alive())
+        chunks: list[bytes] = []
+        task = asyncio.create_task(read_all(service.stream(job_id, 0), chunks))
+        for _ in range(200):
+            if chunks.count(KEEPALIVE) >= 2:
+                break
+            await asyncio.sleep(0.01)
+        assert chunks.count(KEEPALIVE) >= 2 and ids(chunks) == [1]
+        service.transition(job_id, "stopped", "stopped before it started")
+        await asyncio.wait_for(task, 10)
+        assert ids(chunks) == [1, 2]
+        ticker.cancel()
+
+    asyncio.run(scenario())
