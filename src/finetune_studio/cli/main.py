@@ -15,12 +15,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
+# Each command imports what it needs when it runs: `serve` must start fast, and the
+# client's httpx and the progress view's rich would cost it a quarter of a second.
 if TYPE_CHECKING:
     from finetune_studio.cli.client import StudioClient
     from finetune_studio.cli.progress import ProgressView
-
-# Each command imports what it needs when it runs: `serve` must start fast, and the
-# client's httpx and the progress view's rich would cost it a quarter of a second.
 
 
 def _serve(args: argparse.Namespace) -> int:
