@@ -8,6 +8,7 @@ Its weights are random: it learns, measurably, but says nothing sensible.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Optional
 
 CHATML_TEMPLATE = (
     "{% for message in messages %}"
@@ -34,8 +35,22 @@ The meeting is on Tuesday.
 """
 
 
-def build_tiny_model(directory: Path, *, seed: int = 0, vocab_size: int = 512) -> Path:
-    """Write a tiny Llama (config, safetensors weights, tokenizer) into directory."""
+TINY_SHAPE = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2}
+
+
+def build_tiny_model(
+    directory: Path,
+    *,
+    seed: int = 0,
+    vocab_size: int = 512,
+    shape: Optional[dict[str, int]] = None,
+    dtype: Optional[str] = None,
+) -> Path:
+    """Write a random Llama (config, safetensors weights, tokenizer) into directory.
+
+    Tiny by default; `shape` sets other LlamaConfig sizes (the GPU benchmark builds
+    a 1B one), and `dtype` ("bfloat16", say) the dtype its weights are saved in.
+    """
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
@@ -66,11 +81,7 @@ def build_tiny_model(directory: Path, *, seed: int = 0, vocab_size: int = 512) -
 
     config = LlamaConfig(
         vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        **(shape or TINY_SHAPE),
         max_position_embeddings=4096,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
@@ -79,6 +90,8 @@ def build_tiny_model(directory: Path, *, seed: int = 0, vocab_size: int = 512) -
     )
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config)
+    if dtype is not None:
+        model = model.to(getattr(torch, dtype))
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.save_pretrained(directory)
     return directory
