@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import resource
-import socket
 import statistics
 import subprocess
 import sys
@@ -18,6 +16,8 @@ from typing import Any, Optional
 
 import httpx
 
+from finetune_studio.cli.local_server import LocalServer
+
 ROOT = Path(__file__).resolve().parent.parent
 DEMO_DATA = ROOT / "src" / "finetune_studio" / "demo" / "tiny_alpaca.jsonl"
 
@@ -25,12 +25,6 @@ DEMO_DATA = ROOT / "src" / "finetune_studio" / "demo" / "tiny_alpaca.jsonl"
 def raise_fd_limit() -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -61,37 +55,10 @@ def rss_mb(pid: int) -> float:
 
 @contextmanager
 def server(data_dir: Path, env: Optional[dict[str, str]] = None) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
-    port = free_port()
-    data_dir.mkdir(parents=True, exist_ok=True)
-    log = open(data_dir / "server.log", "ab")  # noqa: SIM115 - closed below
-    process = subprocess.Popen(
-        [sys.executable, "-m", "finetune_studio.cli.main", "serve", "--port", str(port), "--data-dir", str(data_dir), "--log-level", "warning"],
-        stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy(url, process)
-        yield url, process
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            process.kill()
-        log.close()
-
-
-def wait_healthy(url: str, process: subprocess.Popen[bytes], timeout: float = 30) -> float:
-    started = time.monotonic()
-    while time.monotonic() - started < timeout:
-        if process.poll() is not None:
-            raise RuntimeError("server exited at start-up")
-        try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                return time.monotonic() - started
-        except httpx.TransportError:
-            time.sleep(0.002)
-    raise RuntimeError("server did not answer /health")
+    """A real `finetune-studio serve` on a free loopback port: (url, process)."""
+    with LocalServer(data_dir, env=env) as running:
+        assert running.process is not None
+        yield running.url, running.process
 
 
 def job_request(model: Path, **overrides: Any) -> dict[str, Any]:

@@ -26,10 +26,11 @@ from pathlib import Path
 
 import httpx
 
+from finetune_studio.cli.local_server import LocalServer
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (  # noqa: E402
     DEMO_DATA,
-    free_port,
     job_request,
     median,
     percentile,
@@ -41,7 +42,6 @@ from common import (  # noqa: E402
     table,
     tiny_model,
     verdict,
-    wait_healthy,
 )
 
 BENCH_DIR = Path(__file__).resolve().parent
@@ -234,18 +234,14 @@ def bench_footprint(work: Path, clients: int = 100) -> str:
     raise_fd_limit()
     starts = []
     for attempt in range(9):
-        data_dir = work / f"footprint-{attempt}"
-        port_env = {"FINETUNE_STUDIO_PORT": str(free_port())}
         started = time.monotonic()
-        process = subprocess.Popen([sys.executable, "-m", "finetune_studio.cli.main", "serve", "--data-dir", str(data_dir), "--log-level", "warning"],
-                                   env={**os.environ, **port_env}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_healthy(f"http://127.0.0.1:{port_env['FINETUNE_STUDIO_PORT']}", process)
+        local = LocalServer(work / f"footprint-{attempt}").start(poll_interval=0.002)
         starts.append(time.monotonic() - started)
         time.sleep(0.5)
-        idle = rss_mb(process.pid)
-        heavy = [m for m in ("torch", "transformers") if f"/{m}/" in Path(f"/proc/{process.pid}/maps").read_text()]
-        process.terminate()
-        process.wait()
+        assert local.process is not None
+        idle = rss_mb(local.process.pid)
+        heavy = [m for m in ("torch", "transformers") if f"/{m}/" in Path(f"/proc/{local.process.pid}/maps").read_text()]
+        local.stop()
     model = tiny_model(work)
     with server(work / "footprint-stream") as (url, process):
         host, port = url.removeprefix("http://").split(":")

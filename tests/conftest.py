@@ -6,9 +6,6 @@ same code path a user does: the API process, its supervisor, real training child
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,77 +14,23 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Optional
 
-import httpx
 import pytest
 
 from finetune_studio.cli.client import StreamEvent, StudioClient
+from finetune_studio.cli.local_server import LocalServer
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO_DATA = Path(str(resources.files("finetune_studio.demo") / "tiny_alpaca.jsonl"))
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-class ServerProcess:
-    """A `finetune-studio serve` child on a free loopback port."""
+class ServerProcess(LocalServer):
+    """A `finetune-studio serve` child on a free loopback port, and clients for it."""
 
     def __init__(self, data_dir: Path, env: Optional[dict[str, str]] = None, args: Optional[list[str]] = None) -> None:
-        self.data_dir = data_dir
-        self.env = {**os.environ, "FINETUNE_STUDIO_STOP_GRACE_SECONDS": "20", **(env or {})}
-        self.args = args or []
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.process: Optional[subprocess.Popen[bytes]] = None
-        self.log_path = data_dir / f"server-{self.port}.log"
-
-    def start(self) -> "ServerProcess":
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "ab") as log:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "finetune_studio.cli.main", "serve", "--port", str(self.port),
-                 "--data-dir", str(self.data_dir), "--log-level", "warning", *self.args],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=self.env,
-            )
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"server exited at start-up:\n{self.log_path.read_text()}")
-            try:
-                if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
-                    return self
-            except httpx.TransportError:
-                pass
-            time.sleep(0.05)
-        raise RuntimeError(f"server did not answer /health:\n{self.log_path.read_text()}")
+        super().__init__(data_dir, env={"FINETUNE_STUDIO_STOP_GRACE_SECONDS": "20", **(env or {})}, args=args or ())
 
     def client(self, token: Optional[str] = None) -> StudioClient:
         return StudioClient(self.url, token=token)
-
-    def stop(self) -> None:
-        if self.process and self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-
-    def kill(self) -> None:
-        assert self.process is not None
-        self.process.kill()
-        self.process.wait()
-
-    def restart(self) -> "ServerProcess":
-        self.stop()
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        return self.start()
 
 
 @pytest.fixture(scope="session")

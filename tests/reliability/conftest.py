@@ -12,6 +12,7 @@ import pytest
 import uvicorn
 
 from finetune_studio.api.app import create_app
+from finetune_studio.cli.local_server import free_port
 from finetune_studio.config import Settings
 from finetune_studio.worker.launcher import (
     LocalProcessLauncher,
@@ -19,7 +20,7 @@ from finetune_studio.worker.launcher import (
     WorkerLauncher,
     WorkerSpec,
 )
-from tests.conftest import REPO, free_port, wait_for
+from tests.conftest import REPO, wait_for
 
 FAKE_WORKER = "tests.reliability.fake_worker"
 

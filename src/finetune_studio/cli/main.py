@@ -7,10 +7,7 @@ import contextlib
 import gc
 import os
 import shutil
-import socket
-import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
@@ -109,51 +106,21 @@ def _watch_command(args: argparse.Namespace) -> int:
     return 0 if final.get("phase") == "completed" else 1
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @contextlib.contextmanager
 def running_server(data_dir: Path, port: int) -> Iterator[str]:
     """A `finetune-studio serve` child on 127.0.0.1:port, stopped on exit."""
-    from finetune_studio.cli.client import StudioClient
+    from finetune_studio.cli.local_server import LocalServer
 
-    log_path = data_dir / "server.log"
-    data_dir.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "ab") as log:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "finetune_studio.cli.main", "serve", "--port", str(port), "--data-dir", str(data_dir)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        with StudioClient(url, timeout=2.0) as probe:
-            for _ in range(200):
-                if process.poll() is not None:
-                    raise RuntimeError(f"the server exited at start-up; see {log_path}")
-                with contextlib.suppress(Exception):
-                    probe.health()
-                    break
-                time.sleep(0.05)
-            else:
-                raise RuntimeError(f"the server did not answer within 10 s; see {log_path}")
-        yield url
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
+    with LocalServer(data_dir, port=port, log_level="info") as server:
+        yield server.url
 
 
 def _demo(args: argparse.Namespace) -> int:
     from finetune_studio.cli.demo import run_demo
+    from finetune_studio.cli.local_server import free_port
 
     data_dir = Path(args.data_dir).expanduser().resolve() if args.data_dir else Path.home() / ".finetune-studio" / "demo"
-    port = args.port or _free_port()
+    port = args.port or free_port()
     return run_demo(data_dir, lambda: running_server(data_dir, port), tiny=args.tiny, steps=args.steps)
 
 
