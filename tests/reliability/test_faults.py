@@ -24,6 +24,7 @@ from finetune_studio.config import Settings
 from finetune_studio.worker.child import FAULT_ENV, classify
 from finetune_studio.worker.launcher import LocalProcessLauncher
 from tests.conftest import REPO, ServerProcess, collect, job_request, phases, wait_for
+from tests.reliability.conftest import FAKE_WORKER, dataset, start_body
 from tests.reliability.test_stop import alive
 
 OOM_ADVICE = ("batch_size", "gradient_accumulation_steps", "max_seq_length")
@@ -96,16 +97,19 @@ def test_the_classifier_names_the_failure_and_the_fix(exc: BaseException, code: 
     assert all(word in text for word in advice), text
 
 
+def fake_worker_app(tmp_path: Path, **grace: float) -> tuple[Any, dict[str, Any]]:
+    """An app whose jobs run the stand-in worker, and a start body for it (3 steps)."""
+    settings = Settings(data_dir=tmp_path / "data", **grace)
+    app = create_app(settings, launcher=LocalProcessLauncher(module=FAKE_WORKER))
+    return app, start_body(dataset(tmp_path), max_steps=None)
+
+
 def test_a_sigkilled_worker_ends_in_worker_died_naming_the_signal_and_the_likely_cause(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(REPO)
     monkeypatch.setenv("FAKE_WORKER_GO", str(tmp_path / "never"))  # holds the stand-in before its first step
-    settings = Settings(data_dir=tmp_path / "data", stop_grace_seconds=5, kill_grace_seconds=1)
-    app = create_app(settings, launcher=LocalProcessLauncher(module="tests.reliability.fake_worker"))
-    data = tmp_path / "d.jsonl"
-    data.write_text('{"text": "x"}\n')
-    body = {"model_name": "m", "training_type": "LoRA/QLoRA", "format_type": "raw", "local_datasets": [str(data)]}
+    app, body = fake_worker_app(tmp_path, stop_grace_seconds=5, kill_grace_seconds=1)
     with TestClient(app) as client:
         victim = client.post("/train/start", json=body).json()["job_id"]
         after = client.post("/train/start", json=body).json()["job_id"]
@@ -133,11 +137,7 @@ def test_a_worker_that_does_not_exit_after_its_end_is_killed_and_the_queue_moves
 ) -> None:
     monkeypatch.chdir(REPO)
     monkeypatch.setenv("FAKE_WORKER_LINGER", "1")
-    settings = Settings(data_dir=tmp_path / "data", stop_grace_seconds=0.5, kill_grace_seconds=0.5)
-    app = create_app(settings, launcher=LocalProcessLauncher(module="tests.reliability.fake_worker"))
-    data = tmp_path / "d.jsonl"
-    data.write_text('{"text": "x"}\n')
-    body = {"model_name": "m", "training_type": "LoRA/QLoRA", "format_type": "raw", "local_datasets": [str(data)]}
+    app, body = fake_worker_app(tmp_path, stop_grace_seconds=0.5, kill_grace_seconds=0.5)
     with TestClient(app) as client:
         first, second = (client.post("/train/start", json=body).json()["job_id"] for _ in range(2))
         done = wait_for(
