@@ -86,8 +86,8 @@ def per_event_costs(work: Path, n: int = 5000) -> tuple[float, float]:
     """Microbenchmarks of the two halves of a step's event path, in microseconds."""
     child_code = f"""
 import os, time, types
-from finetune_studio.worker.callbacks import ProgressCallback
-from finetune_studio.worker.protocol import Channel, StopSignal
+from finetune_studio.training.callbacks import ProgressCallback
+from finetune_studio.training.channel import Channel, StopSignal
 sink = open(os.devnull, "w")
 stop = StopSignal()
 recipe = types.SimpleNamespace(channel=Channel(sink, stop), stop=stop)

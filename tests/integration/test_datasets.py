@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from finetune_studio.worker.datasets import HUB_UNREACHABLE
+from finetune_studio.training.datasets import HUB_UNREACHABLE
 from tests.conftest import collect, job_request, phases
 from tests.data.corpus import BAD_FILES, GOOD
 

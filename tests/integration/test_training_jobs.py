@@ -15,7 +15,7 @@ import pytest
 from safetensors.numpy import load_file
 
 from finetune_studio.cli.client import parse_sse
-from finetune_studio.worker.supervisor import last_checkpoint
+from finetune_studio.wire import last_checkpoint
 from tests.conftest import ServerProcess, collect, job_request, phases, wait_for
 
 pytestmark = pytest.mark.train

@@ -14,7 +14,7 @@ import uvicorn
 from finetune_studio.api.app import create_app
 from finetune_studio.cli.local_server import free_port
 from finetune_studio.config import Settings
-from finetune_studio.worker.launcher import (
+from finetune_studio.supervisor.launcher import (
     LocalProcessLauncher,
     WorkerExit,
     WorkerLauncher,

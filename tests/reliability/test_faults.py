@@ -2,7 +2,7 @@
 
 Real children fail in three ways here, side by side (one server each): out of
 memory and a full disk are injected at the first training step by the child's test
-hook (FINETUNE_STUDIO_TEST_FAULT, see worker/child.py); target_modules that match
+hook (FINETUNE_STUDIO_TEST_FAULT, see training/child.py); target_modules that match
 nothing is a real config_invalid. model_not_found, dataset_invalid and a SIGKILLed
 child (worker_died) with real children are in tests/integration/test_training_jobs.py.
 The classifier itself, and a killed stand-in worker, are checked without torch.
@@ -21,8 +21,8 @@ from fastapi.testclient import TestClient
 
 from finetune_studio.api.app import create_app
 from finetune_studio.config import Settings
-from finetune_studio.worker.child import FAULT_ENV, classify
-from finetune_studio.worker.launcher import LocalProcessLauncher
+from finetune_studio.training.child import FAULT_ENV, classify
+from finetune_studio.supervisor.launcher import LocalProcessLauncher
 from tests.conftest import REPO, ServerProcess, collect, job_request, phases, wait_for
 from tests.reliability.conftest import FAKE_WORKER, dataset, start_body
 from tests.reliability.test_stop import alive

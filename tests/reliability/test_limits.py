@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 
 from finetune_studio.api.app import create_app
 from finetune_studio.config import Settings, get_settings
-from finetune_studio.worker.launcher import LocalProcessLauncher
+from finetune_studio.supervisor.launcher import LocalProcessLauncher
 from tests.conftest import REPO, wait_for
 from tests.reliability.conftest import FAKE_WORKER, InstantLauncher, dataset, start_body
 

@@ -20,7 +20,7 @@ from finetune_studio.api.app import create_app
 from finetune_studio.config import Settings
 from finetune_studio.jobs.service import JobService
 from finetune_studio.jobs.store import JobStore
-from finetune_studio.worker.checkpoints import last_checkpoint
+from finetune_studio.wire import last_checkpoint
 from tests.conftest import wait_for
 from tests.reliability.conftest import InstantLauncher
 from tests.reliability.test_stop import alive
@@ -54,7 +54,7 @@ def test_a_restart_kills_its_orphans_spares_reused_pids_and_runs_the_queue(tmp_p
 
     # The orphan's worker, as the kernel shows it: our child module and its job id on the command line.
     worker = subprocess.Popen(
-        [sys.executable, "-c", "import time; time.sleep(120)", "finetune_studio.worker.child", "--job-id", orphan]
+        [sys.executable, "-c", "import time; time.sleep(120)", "finetune_studio.training.child", "--job-id", orphan]
     )
     stranger = subprocess.Popen(["sleep", "120"])  # took the pid the other job's worker had
     try:

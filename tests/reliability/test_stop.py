@@ -1,7 +1,7 @@
 """Stop in every phase: the job ends `stopped`, and its training child is gone.
 
 A real child is held in each phase by the child's test hook
-(FINETUNE_STUDIO_TEST_PAUSE_IN, see worker/child.py): it announces the phase, then
+(FINETUNE_STUDIO_TEST_PAUSE_IN, see training/child.py): it announces the phase, then
 waits there until the stop arrives, and goes on exactly as it would have. One
 server per phase, all started at once, so the four children load torch side by side.
 """
@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from finetune_studio.worker.child import PAUSE_ENV
+from finetune_studio.training.child import PAUSE_ENV
 from tests.conftest import ServerProcess, collect, job_request, phases, wait_for
 
 pytestmark = pytest.mark.train

@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 
 from finetune_studio.api.app import create_app
 from finetune_studio.config import Settings
-from finetune_studio.worker.launcher import LocalProcessLauncher
+from finetune_studio.supervisor.launcher import LocalProcessLauncher
 
 REPO = Path(__file__).resolve().parents[2]
 

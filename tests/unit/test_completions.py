@@ -23,7 +23,7 @@ def test_only_answer_tokens_are_trained(tiny_model: Path, tmp_path: Path) -> Non
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import SFTConfig, SFTTrainer
 
-    from finetune_studio.worker.completions import tokenize_with_assistant_mask
+    from finetune_studio.training.completions import tokenize_with_assistant_mask
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
     row = tokenize_with_assistant_mask(tokenizer, CONVERSATION)

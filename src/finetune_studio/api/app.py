@@ -31,8 +31,8 @@ from finetune_studio.errors import StartRefused, StudioError, UnsafeSettings
 from finetune_studio.jobs.service import JobService
 from finetune_studio.jobs.store import JobStore
 from finetune_studio.schemas import SECRET_FIELDS
-from finetune_studio.worker.launcher import LocalProcessLauncher, WorkerLauncher
-from finetune_studio.worker.supervisor import Supervisor
+from finetune_studio.supervisor.launcher import LocalProcessLauncher, WorkerLauncher
+from finetune_studio.supervisor.supervisor import Supervisor
 
 WEB_DIR = Path(__file__).resolve().parent.parent / "web"
 API_PREFIX = train.router.prefix + "/"  # every path under it wants the token, when one is set

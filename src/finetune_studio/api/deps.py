@@ -18,7 +18,7 @@ from fastapi import Depends, Request
 from finetune_studio.config import Settings
 from finetune_studio.jobs.service import JobService
 from finetune_studio.jobs.store import JobRecord
-from finetune_studio.worker.supervisor import Supervisor
+from finetune_studio.supervisor.supervisor import Supervisor
 
 
 @dataclass(frozen=True)

@@ -45,7 +45,7 @@ def prepare_smollm2(gguf: Path, models_dir: Path) -> Path:
         return target
     import torch
 
-    from finetune_studio.worker.models import ModelSource, load_tokenizer_and_model
+    from finetune_studio.training.models import ModelSource, load_tokenizer_and_model
 
     print(f"converting {gguf.name} into {target} (once; about a minute) ...", flush=True)
     tokenizer, model = load_tokenizer_and_model(ModelSource("gguf", str(gguf)), dtype=torch.float32)
@@ -114,7 +114,7 @@ def run_demo(data_dir: Path, url_for: Any, tiny: bool, steps: Optional[int]) -> 
         tiny = True
     models_dir = data_dir / "models"
     if tiny:
-        from finetune_studio.worker.tiny_model import build_tiny_model
+        from finetune_studio.training.tiny_model import build_tiny_model
 
         model_dir = models_dir / "tiny-llama"
         if not (model_dir / "config.json").exists():

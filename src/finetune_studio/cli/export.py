@@ -14,8 +14,8 @@ import os
 import shutil
 from pathlib import Path
 
-from finetune_studio.worker.models import ModelSource, load_tokenizer_and_model
-from finetune_studio.worker.recipe import JOB_FILE
+from finetune_studio.training.models import ModelSource, load_tokenizer_and_model
+from finetune_studio.training.recipe import JOB_FILE
 
 
 class ExportError(Exception):

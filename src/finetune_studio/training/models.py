@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any, Optional
 from urllib.parse import urlsplit
 
-from finetune_studio.worker.datasets.errors import HUB_UNREACHABLE
-from finetune_studio.worker.protocol import JobFailure
+from finetune_studio.training.datasets.errors import HUB_UNREACHABLE
+from finetune_studio.training.channel import JobFailure
 
 
 

@@ -22,10 +22,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from finetune_studio.worker.datasets.errors import DATASET_INVALID, DatasetError, RowProblem, config_error
-from finetune_studio.worker.datasets.files import TEXT_SUFFIX, Record, read_records
-from finetune_studio.worker.datasets.hub import HubSplit, open_hf_dataset
-from finetune_studio.worker.datasets.shapes import (
+from finetune_studio.training.datasets.errors import DATASET_INVALID, DatasetError, RowProblem, config_error
+from finetune_studio.training.datasets.files import TEXT_SUFFIX, Record, read_records
+from finetune_studio.training.datasets.hub import HubSplit, open_hf_dataset
+from finetune_studio.training.datasets.shapes import (
     CUSTOM,
     Converter,
     converter,
@@ -33,7 +33,7 @@ from finetune_studio.worker.datasets.shapes import (
     mapping_converter,
     undetectable,
 )
-from finetune_studio.worker.protocol import JobFailure
+from finetune_studio.training.channel import JobFailure
 
 if TYPE_CHECKING:
     from finetune_studio.schemas import TrainingStartRequest

@@ -10,7 +10,7 @@ The wire between server and child:
 - the child's stdin carries one JSON line (the spec, secrets included, so they
   never touch disk or the process's environment), then commands (`stop`); EOF on
   stdin means the server is gone, and the child stops and saves;
-- the child's stdout carries one JSON message per line (`worker/protocol.py`);
+- the child's stdout carries one JSON message per line (`training/channel.py`);
   the child moves everything else it prints to stderr at start-up;
 - stderr goes to `worker.log` in the job's folder.
 """
@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Protocol
 
-CHILD_MODULE = "finetune_studio.worker.child"
+CHILD_MODULE = "finetune_studio.training.child"
 _MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 
 

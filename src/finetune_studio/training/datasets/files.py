@@ -32,7 +32,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from finetune_studio.worker.datasets.errors import DatasetError, first_line, kind_of
+from finetune_studio.training.datasets.errors import DatasetError, first_line, kind_of
 
 Record = tuple[str, Any]
 

@@ -1,6 +1,6 @@
 """The errors a dataset can end a job with, and the codes they carry.
 
-    JobFailure (worker/protocol.py)
+    JobFailure (training/channel.py)
       DatasetError        "dataset_invalid": a source was read but something in it is
                           wrong; names the source, the line or row, and the problem
       JobFailure          "dataset_not_found": hf_dataset names nothing that can be
@@ -18,7 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from finetune_studio.worker.protocol import JobFailure
+from finetune_studio.training.channel import JobFailure
 
 DATASET_INVALID = "dataset_invalid"
 DATASET_NOT_FOUND = "dataset_not_found"

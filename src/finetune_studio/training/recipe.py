@@ -20,10 +20,10 @@ from pathlib import Path
 from typing import Any, Optional
 
 from finetune_studio.schemas import TrainingStartRequest
-from finetune_studio.worker.checkpoints import last_checkpoint
-from finetune_studio.worker.datasets import LoadedData, load_eval_data, load_training_data, measure
-from finetune_studio.worker.models import ModelSource, load_tokenizer_and_model, resolve_source
-from finetune_studio.worker.protocol import Channel, JobFailure, StopSignal
+from finetune_studio.wire import last_checkpoint
+from finetune_studio.training.datasets import LoadedData, load_eval_data, load_training_data, measure
+from finetune_studio.training.models import ModelSource, load_tokenizer_and_model, resolve_source
+from finetune_studio.training.channel import Channel, JobFailure, StopSignal
 
 JOB_FILE = "job.json"  # what export needs to find the base model again
 
@@ -212,7 +212,7 @@ class Recipe:
     def ensure_chat_template(self, tokenizer: Any, data: LoadedData) -> None:
         needs = data.is_conversational or self.request.training_type == "Continued Pretraining"
         if needs and not tokenizer.chat_template:
-            from finetune_studio.worker.tiny_model import CHATML_TEMPLATE
+            from finetune_studio.training.tiny_model import CHATML_TEMPLATE
 
             tokenizer.chat_template = CHATML_TEMPLATE
             self.channel.warn("the tokenizer has no chat template; ChatML is used")
@@ -229,7 +229,7 @@ class Recipe:
             if not data.is_conversational:
                 self.channel.warn("train_on_completions needs conversations (not raw text); the loss covers every token")
                 return data.rows
-            from finetune_studio.worker.completions import tokenize_with_assistant_mask
+            from finetune_studio.training.completions import tokenize_with_assistant_mask
 
             return [tokenize_with_assistant_mask(tokenizer, row["messages"]) for row in data.rows]
         return data.rows
@@ -241,7 +241,7 @@ class Recipe:
         from datasets import Dataset
         from trl import SFTConfig, SFTTrainer
 
-        from finetune_studio.worker.callbacks import ProgressCallback
+        from finetune_studio.training.callbacks import ProgressCallback
 
         request = self.request
         cuda = torch.cuda.is_available()

@@ -1,4 +1,4 @@
-"""Entry point of a training child: `python -m finetune_studio.worker.child --job-id ID`.
+"""Entry point of a training child: `python -m finetune_studio.training.child --job-id ID`.
 
 Reads its spec from stdin, runs the recipe, and reports every phase on stdout (see
 `launcher.py` for the wire). Whatever happens, the last thing it reports is a
@@ -16,7 +16,7 @@ import traceback
 from collections.abc import Iterator
 from typing import IO, Any, Optional
 
-from finetune_studio.worker.protocol import (
+from finetune_studio.training.channel import (
     Channel,
     JobFailure,
     StopRequested,
@@ -111,7 +111,7 @@ def _channel(events: IO[str], stop: StopSignal) -> Channel:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="finetune_studio.worker.child")
+    parser = argparse.ArgumentParser(prog="finetune_studio.training.child")
     parser.add_argument("--job-id", required=True)
     parser.parse_args(argv)
 
@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     spec = json.loads(sys.stdin.readline())
     stop.listen(sys.stdin)
 
-    from finetune_studio.worker.recipe import Recipe  # after the wire is up
+    from finetune_studio.training.recipe import Recipe  # after the wire is up
 
     try:
         recipe = Recipe(spec, channel, stop)

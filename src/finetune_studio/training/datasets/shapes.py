@@ -43,7 +43,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from finetune_studio.worker.datasets.errors import RowProblem, config_error, kind_of
+from finetune_studio.training.datasets.errors import RowProblem, config_error, kind_of
 
 Row = dict[str, Any]
 Converter = Callable[[Row], Row]

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, Optional
 from transformers import TrainerCallback
 
 if TYPE_CHECKING:
-    from finetune_studio.worker.recipe import Recipe
+    from finetune_studio.training.recipe import Recipe
 
 
 def _number(logs: dict[str, Any], key: str) -> Optional[float]:

@@ -36,8 +36,8 @@ from finetune_studio.errors import InvalidTransition, JobAlreadyFinished
 from finetune_studio.jobs.phases import is_terminal
 from finetune_studio.jobs.service import JobService
 from finetune_studio.schemas import TrainingStatus
-from finetune_studio.worker.checkpoints import last_checkpoint
-from finetune_studio.worker.launcher import (
+from finetune_studio.wire import last_checkpoint
+from finetune_studio.supervisor.launcher import (
     WorkerExit,
     WorkerHandle,
     WorkerLauncher,

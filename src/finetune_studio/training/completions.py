@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from finetune_studio.worker.protocol import JobFailure
+from finetune_studio.training.channel import JobFailure
 
 
 def render(tokenizer: Any, messages: list[dict[str, str]], add_generation_prompt: bool = False) -> str:

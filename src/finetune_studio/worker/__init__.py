@@ -1,1 +1,0 @@
-"""Worker processes: the supervisor (in the server) and the training child (its own process)."""
