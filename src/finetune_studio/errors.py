@@ -7,7 +7,9 @@
     |   +-- PathNotAllowed           (403) a path outside the configured roots, on an exposed server
     |   +-- QueueFull                (429) too many jobs waiting
     +-- InvalidTransition            (409) a phase change that the state machine forbids
+    +-- PastLastEvent                (416) a Last-Event-ID beyond the job's last event
     +-- UnsafeSettings               (never answered: the server refuses to start)
+    +-- DataDirInUse                 (never answered: another server owns the data dir)
 """
 
 from __future__ import annotations
@@ -45,5 +47,24 @@ class InvalidTransition(StudioError):
     status_code = 409
 
 
+class PastLastEvent(StudioError):
+    """A stream asked to resume after an event the job never had (a client that
+    talked to another server, or whose data dir was replaced)."""
+
+    status_code = 416
+
+    def __init__(self, job_id: str, asked: int, last: int) -> None:
+        super().__init__(
+            f"Last-Event-ID {asked} is past the end of job {job_id}'s events: its last event is {last}."
+            f" Resume with Last-Event-ID {last} or lower (0, or none, replays every event)"
+        )
+        self.last_event_id = last
+
+
 class UnsafeSettings(StudioError):
     """Settings that would expose the server to the network without protection."""
+
+
+class DataDirInUse(StudioError):
+    """Another server holds the data directory's lock: two servers on one data dir
+    would kill each other's children and run the same queued jobs twice."""

@@ -7,9 +7,22 @@ section 3). This module holds no logic beyond field validation.
 
 from __future__ import annotations
 
-from typing import Any, Literal, Optional
+import math
+from typing import Annotated, Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import InitErrorDetails, PydanticCustomError
+
+from finetune_studio.text import invalid_text_locations
 
 Phase = Literal[
     "idle",
@@ -22,11 +35,49 @@ Phase = Literal[
     "stopped",
 ]
 
+# `details.error_code` of a job that ended in `error`: the child's codes (what was
+# wrong with the job), then the supervisor's (what happened to the process). The UI
+# has a headline for each (web/format.js; tests check it knows them all).
+ErrorCode = Literal[
+    "model_not_found",
+    "dataset_invalid",
+    "dataset_not_found",
+    "config_invalid",
+    "out_of_memory",
+    "disk_full",
+    "training_failed",
+    "worker_died",
+    "worker_failed_to_start",
+    "server_restarted",
+    "internal_error",
+]
+
 TrainingType = Literal["LoRA/QLoRA", "Full Finetuning", "Continued Pretraining"]
 FormatType = Literal["auto", "alpaca", "chatml", "sharegpt", "raw"]
 
 # Fields that hold secrets: never stored, logged or echoed.
 SECRET_FIELDS = ("hf_token", "wandb_token")
+# Keys the server adds to a request as it stores it, beside the request's fields.
+WITHHELD_SECRETS = "withheld_secrets"  # the names of the secrets it carried (never their values)
+QUEUED_WARNINGS = "queued_warnings"  # what admission noticed, for the job's statuses to carry
+# An ignored-fields warning names at most this many fields, each cut to this length.
+_NAMED_FIELDS, _NAME_CHARS = 10, 40
+
+
+def _not_blank(value: str, info: ValidationInfo) -> str:
+    # An empty path is no path: the child would read its working folder instead.
+    if not value.strip():
+        what = "a local model folder, a .gguf file or a hub id" if info.field_name == "model_name" else (
+            "a file or folder, or leave the field out")
+        raise PydanticCustomError(
+            "path_empty", "{field}: a path that is empty or only spaces names nothing; name {what}",
+            {"field": info.field_name or "the path", "what": what},
+        )
+    return value
+
+
+# A field that names a file, folder or hub id: never empty or only spaces.
+PathText = Annotated[str, AfterValidator(_not_blank)]
 
 
 class TrainingStartRequest(BaseModel):
@@ -40,19 +91,19 @@ class TrainingStartRequest(BaseModel):
     model_config = ConfigDict(extra="allow", protected_namespaces=())
 
     # model
-    model_name: str = Field(description="A local Hugging Face model folder, a .gguf file, or a hub id.")
+    model_name: PathText = Field(description="A local Hugging Face model folder, a .gguf file, or a hub id.")
     training_type: TrainingType = Field(description="LoRA/QLoRA, Full Finetuning or Continued Pretraining.")
     hf_token: Optional[str] = Field(default=None, description="Hub token; never stored or echoed.")
     load_in_4bit: bool = Field(default=True, description="Load the base model in 4 bits (QLoRA) where CUDA and bitsandbytes allow.")
     max_seq_length: int = Field(default=2048, ge=8, le=1_048_576, description="Longest sequence in tokens; longer rows are truncated.")
     trust_remote_code: bool = Field(default=False, description="Run model code shipped with the checkpoint.")
-    model_local_path: Optional[str] = Field(default=None, description="A local folder that overrides model_name for loading.")
+    model_local_path: Optional[PathText] = Field(default=None, description="A local folder that overrides model_name for loading.")
     project_name: Optional[str] = Field(default=None, description="A free label shown with the job.")
 
     # data
-    hf_dataset: Optional[str] = Field(default=None, description="A hub dataset id.")
-    local_datasets: list[str] = Field(default_factory=list, description="Local dataset files (JSONL).")
-    local_eval_datasets: list[str] = Field(default_factory=list, description="Local evaluation dataset files.")
+    hf_dataset: Optional[PathText] = Field(default=None, description="A hub dataset id.")
+    local_datasets: list[PathText] = Field(default_factory=list, description="Local dataset files (JSONL).")
+    local_eval_datasets: list[PathText] = Field(default_factory=list, description="Local evaluation dataset files.")
     format_type: FormatType = Field(description="Dataset shape: auto, alpaca, chatml, sharegpt or raw.")
     subset: Optional[str] = None
     train_split: str = "train"
@@ -97,9 +148,31 @@ class TrainingStartRequest(BaseModel):
     wandb_token: Optional[str] = None
     wandb_project: Optional[str] = None
     enable_tensorboard: bool = False
-    tensorboard_dir: Optional[str] = None
-    resume_from_checkpoint: Optional[str] = None
+    tensorboard_dir: Optional[PathText] = None
+    resume_from_checkpoint: Optional[PathText] = None
     gpu_ids: Optional[list[int]] = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _text_is_unicode(cls, data: Any) -> Any:
+        """Refuse any string, or field name, that is not valid Unicode (a lone surrogate
+        such as "\\ud800"): stored, it could never be sent back (finetune_studio/text.py)."""
+        errors = [
+            InitErrorDetails(
+                type=PydanticCustomError(
+                    "unicode_invalid",
+                    "The {what} is not valid Unicode: it holds a lone UTF-16 surrogate (\\ud800-\\udfff), which"
+                    " cannot be stored or sent back; send UTF-8 text",
+                    {"what": "field name" if what == "name" else "text"},
+                ),
+                loc=where,
+                input=cleaned,
+            )
+            for where, what, cleaned in invalid_text_locations(data)
+        ]
+        if errors:
+            raise ValidationError.from_exception_data(cls.__name__, errors)
+        return data
 
     @field_validator("learning_rate", mode="before")
     @classmethod
@@ -131,6 +204,15 @@ class TrainingStartRequest(BaseModel):
         """The names of fields the request carried that this model does not know."""
         return sorted((self.model_extra or {}).keys())
 
+    def ignored_fields_warning(self) -> Optional[str]:
+        """One bounded warning about the unknown fields, however many there are."""
+        names = self.unknown_fields()
+        if not names:
+            return None
+        shown = ", ".join(repr(name if len(name) <= _NAME_CHARS else name[:_NAME_CHARS] + "...") for name in names[:_NAMED_FIELDS])
+        more = f" and {len(names) - _NAMED_FIELDS} more" if len(names) > _NAMED_FIELDS else ""
+        return f"unknown field{'s' if len(names) > 1 else ''} {shown}{more} ignored"
+
     def redacted(self) -> dict[str, Any]:
         """The request as stored and shown: known fields only, secrets removed."""
         data = self.model_dump(exclude=set(SECRET_FIELDS))
@@ -159,14 +241,22 @@ class TrainingStatus(BaseModel):
     details: Optional[dict[str, Any]] = None
 
 
+# Fields of TrainingProgress that a NaN cannot simply be dropped from (they stay invalid).
+_REQUIRED_METRICS = frozenset({"step", "total_steps", "learning_rate", "progress_percent"})
+
+
 class TrainingProgress(BaseModel):
     """Training progress metrics - for streaming or polling"""
 
     step: int
     total_steps: int
-    loss: float
+    # Widened from the seed's float (DESIGN.md section 1): a step whose loss is NaN or
+    # infinite is still an event, with `loss: null` and `loss_finite: false` (JSON
+    # has no NaN).
+    loss: Optional[float] = Field(description="The step's training loss; null when it was not finite.")
     learning_rate: float
     progress_percent: float
+    loss_finite: bool = Field(default=True, description="False when the step's loss was NaN or infinite.")
     # Widened from the seed's int: a fractional epoch says where in the data we are.
     epoch: Optional[float] = None
     elapsed_seconds: Optional[float] = None
@@ -175,6 +265,29 @@ class TrainingProgress(BaseModel):
     eval_loss: Optional[float] = None
     num_tokens: Optional[int] = None  # tokens trained on so far
     timestamp: Optional[float] = None  # Unix time when the step ended (for latency and time axes)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_values_json_cannot_carry(cls, data: Any) -> Any:
+        """A NaN or infinite loss becomes `loss: null, loss_finite: false`; any other
+        optional metric that is not finite is left out (a child's message is parsed
+        by Python's JSON reader, which takes NaN)."""
+        if not isinstance(data, dict) or all(not isinstance(v, float) or math.isfinite(v) for v in data.values()):
+            return data  # every event but a diverged one
+        clean = dict(data)
+        for key, value in data.items():
+            if isinstance(value, float) and not math.isfinite(value):
+                if key == "loss":
+                    clean["loss"], clean["loss_finite"] = None, False
+                elif key not in _REQUIRED_METRICS:
+                    del clean[key]
+        return clean
+
+    @model_validator(mode="after")
+    def _null_loss_is_not_finite(self) -> TrainingProgress:
+        if self.loss is None:
+            self.loss_finite = False
+        return self
 
 
 class JobList(BaseModel):

@@ -1,11 +1,139 @@
-"""Finding a job's newest complete trainer checkpoint. Plain Python: the server and
-the training child both use it."""
+"""What the server and its children say to each other, and the job folder they share.
+
+Plain Python (no FastAPI, no torch): the supervisor, the training child and the
+tests import it alike.
+
+The wire of a local child:
+
+- stdin: one JSON line, the `WorkerSpec` (secrets included, so they never touch
+  disk or the process's environment), then commands, one per line (`stop`). EOF
+  on stdin means the server is gone: the child stops and saves.
+- stdout: one JSON message per line, a `StatusMessage` or a `ProgressMessage`.
+  The child moves everything else it prints to stderr at start-up.
+- stderr: the job folder's `worker.log`.
+
+The job folder (`<data-dir>/jobs/<id>/`, `JobFolder`): `worker.log`, `job.json`
+(the base model and method, for export), `checkpoints/checkpoint-N`, and the
+result: `adapter/` (LoRA) or `model/` (full fine-tuning). A result folder is
+written as `.NAME.partial` and renamed (`save_atomically`), so it is complete or
+absent.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Any, Literal, Optional, TypedDict, Union
+
+from finetune_studio.schemas import ErrorCode, Phase
+
+STOP_COMMAND = "stop"
+# The longest message line the server reads from a child; a child keeps its
+# messages far below it (bounded warnings and excerpts).
+MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+
+# Said wherever a job runs out of memory: by the child when torch says so, and by
+# the supervisor when the kernel's OOM killer ends the child with SIGKILL.
+OUT_OF_MEMORY_ADVICE = (
+    "Try a smaller batch_size with more gradient_accumulation_steps (the same effective batch), a shorter"
+    " max_seq_length, load_in_4bit, gradient_checkpointing, or a smaller model."
+)
+
+
+class StatusMessage(TypedDict):
+    type: Literal["status"]
+    phase: Phase
+    message: str
+    error: Optional[str]
+    details: dict[str, Any]
+
+
+class ProgressMessage(TypedDict):
+    type: Literal["progress"]
+    progress: dict[str, Any]
+
+
+Message = Union[StatusMessage, ProgressMessage]
+
+
+def status_message(
+    phase: Phase, message: str, *, error: Optional[str] = None, details: Optional[dict[str, Any]] = None
+) -> StatusMessage:
+    return {"type": "status", "phase": phase, "message": message, "error": error, "details": dict(details or {})}
+
+
+def error_details(code: ErrorCode, **facts: Any) -> dict[str, Any]:
+    """The details of an `error` status: what was known, and the error code."""
+    return {**facts, "error_code": code}
+
+
+@dataclass
+class WorkerSpec:
+    """What a child is told when it starts (the first line on its stdin)."""
+
+    job_id: str
+    output_dir: Path
+    request: dict[str, Any]  # the full request, secrets included: handle with care
+    warnings: list[str] = field(default_factory=list)  # for the child to report with its first status
+
+    def to_line(self) -> bytes:
+        payload = {
+            "job_id": self.job_id,
+            "output_dir": str(self.output_dir),
+            "request": self.request,
+            "warnings": self.warnings,
+        }
+        return json.dumps(payload).encode() + b"\n"
+
+    @classmethod
+    def from_line(cls, line: str) -> WorkerSpec:
+        payload = json.loads(line)
+        return cls(
+            job_id=str(payload["job_id"]),
+            output_dir=Path(payload["output_dir"]),
+            request=dict(payload["request"]),
+            warnings=[str(w) for w in payload.get("warnings", [])],
+        )
+
+
+@dataclass(frozen=True)
+class JobFolder:
+    """The layout of one job's folder; the server and the child agree on it here."""
+
+    root: Path
+
+    @property
+    def log(self) -> Path:
+        return self.root / "worker.log"
+
+    @property
+    def job_file(self) -> Path:
+        """The base model and method, written when training starts (export reads it)."""
+        return self.root / "job.json"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / "checkpoints"
+
+    @property
+    def adapter(self) -> Path:
+        return self.root / "adapter"
+
+    @property
+    def model(self) -> Path:
+        return self.root / "model"
+
+    def outputs(self) -> dict[str, str]:
+        """The saved results, as status details (`adapter_dir` / `model_dir`)."""
+        return {f"{path.name}_dir": str(path) for path in (self.adapter, self.model) if path.is_dir()}
+
+    def last_checkpoint(self) -> Optional[Path]:
+        return last_checkpoint(self.root)
 
 
 def last_checkpoint(folder: Path) -> Optional[Path]:
@@ -23,3 +151,20 @@ def last_checkpoint(folder: Path) -> Optional[Path]:
                 continue  # written only in part when the worker died
             found.append((int(step), path))
     return max(found)[1] if found else None
+
+
+@contextlib.contextmanager
+def save_atomically(final: Path) -> Iterator[Path]:
+    """Yield a fresh `.NAME.partial` folder beside `final`; when the block succeeds it
+    replaces `final` in one rename, so `final` is always complete or absent."""
+    partial = final.with_name(f".{final.name}.partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    try:
+        yield partial
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(partial, final)

@@ -3,13 +3,18 @@
 The browser binary is the system's `chromium` (never one downloaded by
 `playwright install`). Each test gets a fresh context (empty localStorage and
 IndexedDB) with a laptop-sized viewport; uncaught page errors fail the test.
+
+Without Chromium (or Playwright) the browser tests skip on a laptop, but fail
+under CI (the environment variable CI set, as CI services do): there a skip
+would hide that the UI went untested.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NoReturn
 
 import pytest
 
@@ -26,14 +31,24 @@ CHROMIUM_ARGS = [
 VIEWPORT = {"width": 1280, "height": 900}
 
 
+def missing(what: str) -> NoReturn:
+    """Skip the browser tests for want of `what`; under CI, fail instead."""
+    if os.environ.get("CI"):
+        pytest.fail(f"{what}; CI must run the browser tests: install it in the CI image", pytrace=False)
+    pytest.skip(what)
+
+
 # Package scope: Playwright's sync API keeps an event loop running in this thread
 # while it lives, so it must be gone before other tests call asyncio.run().
 @pytest.fixture(scope="package")
 def browser() -> Iterator[Any]:
     executable = shutil.which("chromium")
     if executable is None:
-        pytest.skip("chromium is not on PATH (Debian: apt-get install chromium); the browser tests need it")
-    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
+        missing("chromium is not on PATH (Debian: apt-get install chromium)")
+    try:
+        from playwright import sync_api
+    except ImportError:
+        missing("playwright is not installed (pip install playwright)")
     with sync_api.sync_playwright() as playwright:
         instance = playwright.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)
         yield instance

@@ -7,6 +7,9 @@ id, the stream connections it made). Every wait is bounded by a timeout.
 
 from __future__ import annotations
 
+import re
+import time
+from itertools import pairwise
 from pathlib import Path
 from typing import Any, Optional
 
@@ -30,6 +33,18 @@ READ_IDB = """async (jobId) => {
   return rows.map((row) => ({ job_id: row.job_id, id: row.id, kind: row.kind, data: row.data }));
 }"""
 
+WRITE_IDB = """async (rows) => {
+  const open = indexedDB.open("finetune-studio");
+  const db = await new Promise((resolve, reject) => { open.onsuccess = () => resolve(open.result); open.onerror = () => reject(open.error); });
+  const tx = db.transaction("events", "readwrite");
+  for (const row of rows) tx.objectStore("events").put({ ...row, stored_at: Date.now() });
+  await new Promise((resolve, reject) => { tx.oncomplete = resolve; tx.onerror = () => reject(tx.error); });
+  db.close();
+}"""
+
+# Each timeline node: its phase, the seconds it took (data-seconds) and the words shown.
+TIMELINE = """() => [...document.querySelectorAll("[data-testid=phase-timeline] li")].map((li) => ({
+  phase: li.dataset.phase, seconds: li.dataset.seconds ?? null, took: li.querySelector("[data-testid=phase-took]").textContent }))"""
 
 # Where the job view's parts sit on the page, to check that streaming moves nothing.
 LAYOUT = """() => Object.fromEntries(
@@ -76,14 +91,56 @@ def assert_history_matches_server(page: Any, server: Any, job_id: str) -> list[d
         expected = collect(client, job_id)
     assert len(ids) == len(set(ids)), "an event is stored twice"
     assert ids == [event.id for event in expected], "IndexedDB misses events or holds extra ones"
-    for row, event in zip(rows, expected):
+    for row, event in zip(rows, expected, strict=True):
         assert (row["kind"], row["data"]) == (event.kind, event.data)
     return rows
 
 
+def timeline(page: Any) -> dict[str, dict[str, Any]]:
+    return {node["phase"]: node for node in page.evaluate(TIMELINE)}
+
+
+def assert_timeline_durations_match_server(page: Any, server: Any, job_id: str) -> None:
+    """Each phase shows the time between its status event and the next one's `details.time`."""
+    with server.client() as client:
+        statuses = [e.data for e in collect(client, job_id) if e.kind == "status"]
+    times = [(status["phase"], status["details"]["time"]) for status in statuses]
+    expected = {phase: end - start for (phase, start), (_, end) in pairwise(times)}
+    nodes = timeline(page)
+    for phase, seconds in expected.items():
+        assert nodes[phase]["seconds"] is not None, f"the timeline shows no duration for {phase}"
+        assert float(nodes[phase]["seconds"]) == pytest.approx(seconds, abs=1e-6), phase
+        assert nodes[phase]["took"], phase
+    assert nodes["end"]["took"] == "" and nodes["end"]["seconds"] is None
+
+
+def status_event(job_id: str, event_id: int, phase: str, time: Optional[float]) -> dict[str, Any]:
+    details: dict[str, Any] = (
+        {"model_name": "/models/stored"} if time is None else {"model_name": "/models/stored", "time": time}
+    )
+    data = {
+        "job_id": job_id,
+        "phase": phase,
+        "is_training_running": phase == "training",
+        "message": phase,
+        "error": None,
+        "details": details,
+    }
+    return {"job_id": job_id, "id": event_id, "kind": "status", "data": data}
+
+
+def show_stored_job(page: Any, job_id: str, events: list[dict[str, Any]]) -> None:
+    """Put a job's events in IndexedDB and show it: the page draws it from there."""
+    page.evaluate(WRITE_IDB, events)
+    page.evaluate(f"location.hash = 'job={job_id}'")
+    wait_js(page, f"window.__studio.jobId() === '{job_id}' && window.__studio.historyCount() === {len(events)}", 20)
+
+
 def test_form_defaults_come_from_the_request_model(server: Any, page: Any) -> None:
     open_ui(page, server.url)
-    schema = httpx.get(f"{server.url}/openapi.json").json()["components"]["schemas"]["TrainingStartRequest"]["properties"]
+    schema = httpx.get(f"{server.url}/openapi.json").json()["components"]["schemas"]["TrainingStartRequest"][
+        "properties"
+    ]
     for name in ("num_epochs", "batch_size", "lora_r", "lora_alpha", "max_seq_length"):
         assert page.get_by_test_id(f"field-{name}").input_value() == str(schema[name]["default"]), name
     assert float(page.get_by_test_id("field-learning_rate").input_value()) == schema["learning_rate"]["default"]
@@ -120,6 +177,7 @@ def test_start_from_the_form_and_watch_it_complete(server: Any, page: Any, tiny_
     assert studio(page, "points('lr')") == 12
     assert page.get_by_test_id("stat-step").inner_text() == "12 / 12"
     assert page.locator("[data-testid=phase-timeline] li[data-state=done]").count() == 6
+    assert_timeline_durations_match_server(page, server, job_id)
     assert "adapter" in page.get_by_test_id("job-outputs").inner_text()
     item = page.locator(f"[data-testid=job-item][data-job-id='{job_id}']")
     page.wait_for_selector(f"[data-testid=job-item][data-job-id='{job_id}'][data-phase=completed]", timeout=10 * SECOND)
@@ -260,8 +318,18 @@ def test_token_protected_server_works_once_the_token_is_entered(start_server: An
     page.wait_for_selector("[data-testid=server-state][data-state=ok]", timeout=10 * SECOND)
     assert page.get_by_test_id("token-state").inner_text() == "token set"
 
-    fill_form(page, model_name=tiny_model, local_datasets=[str(DEMO_DATA)], format_type="alpaca",
-              max_steps=6, learning_rate="1e-3", batch_size=2, lora_r=4, lora_alpha=8, max_seq_length=128)
+    fill_form(
+        page,
+        model_name=tiny_model,
+        local_datasets=[str(DEMO_DATA)],
+        format_type="alpaca",
+        max_steps=6,
+        learning_rate="1e-3",
+        batch_size=2,
+        lora_r=4,
+        lora_alpha=8,
+        max_seq_length=128,
+    )
     page.get_by_test_id("start-button").click()
     wait_js(page, "window.__studio.phase() === 'completed'")
     assert studio(page, "points('loss')") == 6
@@ -325,20 +393,73 @@ def test_compare_two_runs_and_save_a_screenshot(server: Any, page: Any, tiny_mod
     assert path.stat().st_size > 10_000
 
 
+def test_timeline_shows_how_long_each_phase_took(server: Any, page: Any) -> None:
+    """Durations from `details.time`; none for events from before it; the running phase ticks."""
+    open_ui(page, server.url)
+    stamped = "5a0000000001"
+    times = {
+        "idle": 1000.0,
+        "loading_model": 1002.5,
+        "loading_dataset": 1010.0,
+        "configuring": 1010.5,
+        "training": 1011.0,
+        "completed": 1196.0,
+    }
+    show_stored_job(
+        page, stamped, [status_event(stamped, i, phase, t) for i, (phase, t) in enumerate(times.items(), 1)]
+    )
+    shown = {phase: node["took"] for phase, node in timeline(page).items()}
+    assert shown == {
+        "idle": "2.5 s",
+        "loading_model": "7.5 s",
+        "loading_dataset": "0.5 s",
+        "configuring": "0.5 s",
+        "training": "3:05",
+        "end": "",
+    }
+
+    old = "5a0000000002"  # stored before the server stamped its status events
+    show_stored_job(page, old, [status_event(old, i, phase, None) for i, phase in enumerate(times, 1)])
+    assert page.get_by_test_id("job-phase").inner_text() == "Completed"
+    assert all(node["took"] == "" and node["seconds"] is None for node in timeline(page).values())
+
+    running = "5a0000000003"  # unknown to this server: its stream answers 404 and the view keeps what it has
+    now = time.time()
+    started = {
+        "idle": now - 200,
+        "loading_model": now - 190,
+        "loading_dataset": now - 180,
+        "configuring": now - 179,
+        "training": now - 65,
+    }
+    show_stored_job(
+        page, running, [status_event(running, i, phase, t) for i, (phase, t) in enumerate(started.items(), 1)]
+    )
+    nodes = timeline(page)
+    assert nodes["loading_model"]["took"] == "10 s"
+    first = nodes["training"]["took"]
+    assert re.fullmatch(r"1:0\d", first), first
+    wait_js(
+        page, f"document.querySelector('[data-phase=training] [data-testid=phase-took]').textContent !== '{first}'", 10
+    )
+    assert nodes["end"]["took"] == ""
+
+
 def test_event_stream_parser_follows_the_standard(server: Any, page: Any) -> None:
-    """Chunks split anywhere (even inside CRLF), comments, multi-line data, ids."""
+    """Chunks split anywhere (even inside CRLF), comments, multi-line data, ids that carry over."""
     open_ui(page, server.url)
     parsed = page.evaluate(
         r"""async () => {
-            const { SSEParser } = await import("./sse.js");
+            const { eventParser } = await import("./sse.js");
             const stream = ": keep-alive\r\n\r\nid: 1\r\nevent: status\r\ndata: {\"a\":\r\ndata: 1}\r\n\r\n"
-              + "data:no-space\rid:2\r\r" + "event: progress\ndata: x\nid: 3\n\n" + "data: tail-without-blank-line";
+              + "data:no-space\rid:2\r\r" + "event: progress\ndata: x\nid: 3\n\n" + "data: no-id\n\n"
+              + "data: tail-without-blank-line";
             const runs = [];
             for (const size of [1, 2, 3, 7, stream.length]) {
                 const events = [];
                 let comments = 0;
-                const parser = new SSEParser((e) => events.push(e), { onComment: () => { comments += 1; } });
-                for (let i = 0; i < stream.length; i += size) parser.push(stream.slice(i, i + size));
+                const parser = eventParser((e) => events.push(e), { onComment: () => { comments += 1; } });
+                for (let i = 0; i < stream.length; i += size) parser.feed(stream.slice(i, i + size));
                 runs.push({ events, comments });
             }
             return runs;
@@ -348,6 +469,7 @@ def test_event_stream_parser_follows_the_standard(server: Any, page: Any) -> Non
         {"id": "1", "event": "status", "data": '{"a":\n1}'},
         {"id": "2", "event": "message", "data": "no-space"},
         {"id": "3", "event": "progress", "data": "x"},
+        {"id": "3", "event": "message", "data": "no-id"},  # the last id named, as EventSource keeps it
     ]
     for run in parsed:
         assert run == {"events": expected, "comments": 1}

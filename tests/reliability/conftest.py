@@ -14,12 +14,8 @@ import uvicorn
 from finetune_studio.api.app import create_app
 from finetune_studio.cli.local_server import free_port
 from finetune_studio.config import Settings
-from finetune_studio.supervisor.launcher import (
-    LocalProcessLauncher,
-    WorkerExit,
-    WorkerLauncher,
-    WorkerSpec,
-)
+from finetune_studio.supervisor.launcher import LocalProcessLauncher, WorkerExit, WorkerLauncher
+from finetune_studio.wire import WorkerSpec
 from tests.conftest import REPO, wait_for
 
 FAKE_WORKER = "tests.reliability.fake_worker"

@@ -75,7 +75,7 @@ def test_with_a_token_every_route_but_health_wants_it(tmp_path: Path, monkeypatc
         data = dataset(settings.data_dir)  # exposed: only paths under the data dir are accepted
         job_id = client.post("/train/start", json=start_body(data), headers=good).json()["job_id"]
         calls = _calls(app, job_id)
-        assert ("GET", f"/train/stream/{job_id}") in calls and ("GET", "/health") in calls and len(calls) == 7
+        assert ("GET", f"/train/stream/{job_id}") in calls and ("HEAD", "/health") in calls and len(calls) == 8
 
         for method, path in calls:
             if path == "/health":
@@ -91,6 +91,16 @@ def test_with_a_token_every_route_but_health_wants_it(tmp_path: Path, monkeypatc
                 assert job_id not in response.text
             # The token is compared in constant time.
             assert compared and compared[-1][1] == TOKEN.encode()
+
+        # Every method on every API path, HEAD included, and a Bearer with nothing after it
+        # (what an empty token would have matched): 401 before any routing.
+        for path in {path for _, path in calls if path != "/health"}:
+            for method in ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"):
+                for headers in ({}, {"Authorization": "Bearer"}, {"Authorization": "Bearer "}):
+                    response = client.request(method, path, headers=headers)
+                    assert response.status_code == 401, (method, path, headers, response.status_code)
+                    assert response.headers["www-authenticate"] == "Bearer"
+                    assert job_id not in response.text
 
         # With the token: the stream and the rest answer.
         stream = client.get(f"/train/stream/{job_id}", headers=good)

@@ -28,7 +28,7 @@ from finetune_studio.api.app import create_app
 from finetune_studio.config import Settings
 from tests.reliability.conftest import InstantLauncher, LiveServer, dataset, start_body
 
-TOKEN = "fuzz-token"
+TOKEN = "fuzz-token-0123456789"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 

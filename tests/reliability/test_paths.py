@@ -23,7 +23,7 @@ from finetune_studio.jobs.service import JobService
 from finetune_studio.jobs.store import JobStore
 from tests.reliability.conftest import InstantLauncher, dataset, start_body
 
-TOKEN = "t0ken"
+TOKEN = "t0ken-for-path-tests"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 

@@ -75,7 +75,8 @@ def test_a_restart_kills_its_orphans_spares_reused_pids_and_runs_the_queue(tmp_p
             assert final["phase"] == "error" and final["details"]["error_code"] == "server_restarted"
             assert final["details"]["last_checkpoint"] == str(kept)
             assert final["details"]["adapter_dir"] == str(orphan_dir / "adapter")
-            assert f"Its last checkpoint is {kept}" in final["error"] and "Start the job again" in final["error"]
+            assert f"Its last checkpoint is {kept}" in final["error"]
+            assert f"resume_from_checkpoint {orphan!r}" in final["error"]
 
             other = client.get(f"/train/status/{reused}").json()
             assert other["phase"] == "error" and "It had saved no checkpoint yet" in other["error"]

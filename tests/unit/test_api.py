@@ -127,13 +127,13 @@ def test_the_queue_limit_refuses_with_429(tmp_path: Path, monkeypatch: pytest.Mo
 
 def test_a_token_guards_every_route_but_health(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(REPO)
-    with make_client(tmp_path, token="s3cret") as client:
+    with make_client(tmp_path, token="s3cret-api-token-1") as client:
         assert client.get("/health").status_code == 200
         for method, path in [("get", "/train/jobs"), ("get", "/train/status/x"), ("get", "/train/stream/x"),
                              ("post", "/train/stop/x"), ("post", "/train/start")]:
             assert getattr(client, method)(path).status_code == 401
             assert getattr(client, method)(path, headers={"Authorization": "Bearer wrong"}).status_code == 401
-        assert client.get("/train/jobs", headers={"Authorization": "Bearer s3cret"}).json() == {"data": [], "count": 0}
+        assert client.get("/train/jobs", headers={"Authorization": "Bearer s3cret-api-token-1"}).json() == {"data": [], "count": 0}
 
 
 def test_the_server_never_imports_torch_or_transformers(tmp_path: Path) -> None:

@@ -1,5 +1,7 @@
 """What a start request must pass before it is queued: queue room, finite numbers,
-paths inside the allowed folders, dataset files that exist and are not too large.
+paths inside the allowed folders, dataset files that exist and are not too large
+(however they are named: `local_datasets`, `local_eval_datasets`, or a local file
+or folder in `hf_dataset`).
 
 Paths: on loopback any path the user can read may be named. When the server is
 exposed (or `allowed_roots` is set), every path in the request is resolved (`~`,
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import math
 import os
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Optional
@@ -19,6 +22,7 @@ from fastapi.exceptions import RequestValidationError
 
 from finetune_studio.config import Settings
 from finetune_studio.errors import PathNotAllowed, QueueFull, StartRefused
+from finetune_studio.paths import is_local
 from finetune_studio.schemas import TrainingStartRequest
 
 # Fields that always name a local path, and fields that name one only when they
@@ -27,6 +31,8 @@ from finetune_studio.schemas import TrainingStartRequest
 PATH_FIELDS = ("model_local_path", "tensorboard_dir")
 PATH_LIST_FIELDS = ("local_datasets", "local_eval_datasets")
 PATH_OR_HUB_FIELDS = ("model_name", "hf_dataset", "resume_from_checkpoint")
+# Files a folder named in hf_dataset may hold (see _folder_files).
+MAX_FOLDER_FILES = 10_000
 
 
 def check_start(request: TrainingStartRequest, settings: Settings, queued: int) -> None:
@@ -35,8 +41,9 @@ def check_start(request: TrainingStartRequest, settings: Settings, queued: int) 
             f"the queue is full ({queued} jobs waiting, the limit is {settings.max_queued_jobs}); try again later"
         )
     check_finite(request)
-    check_paths(request, settings.path_roots())
-    check_datasets(request, settings.max_dataset_bytes)
+    roots = settings.path_roots()
+    check_paths(request, roots)
+    check_datasets(request, settings.max_dataset_bytes, roots)
 
 
 def check_finite(request: TrainingStartRequest) -> None:
@@ -72,19 +79,8 @@ def named_paths(request: TrainingStartRequest) -> Iterator[tuple[str, str]]:
             yield name, value
     for name in PATH_OR_HUB_FIELDS:
         value = getattr(request, name)
-        if value and _is_local(value):
+        if value and is_local(value):
             yield name, value
-
-
-def _is_local(name: str) -> bool:
-    if name.startswith(("/", "./", "../", "~", "\\")) or name in (".", "..") or name.endswith(".gguf"):
-        return True
-    if name.count("/") > 1 or "\x00" in name:
-        return True
-    try:
-        return os.path.lexists(os.path.expanduser(name))
-    except (OSError, ValueError):
-        return True
 
 
 def resolve(field: str, name: str) -> Path:
@@ -109,24 +105,93 @@ def check_paths(request: TrainingStartRequest, roots: Optional[list[Path]]) -> N
             )
 
 
-def check_datasets(request: TrainingStartRequest, max_bytes: int) -> None:
-    missing: list[str] = []
+def dataset_sources(request: TrainingStartRequest) -> Iterator[tuple[str, str]]:
+    """(field, name) for every local file or folder that the job reads data from:
+    the dataset lists, and `hf_dataset` when it names a local path (paths.is_local,
+    the rule the child follows too)."""
     for field in PATH_LIST_FIELDS:
         for name in getattr(request, field):
-            try:
-                size = resolve(field, name).stat().st_size
-            except FileNotFoundError:
-                missing.append(name)
-                continue
-            except OSError as exc:
-                raise StartRefused(f"dataset file {name} cannot be read ({exc.strerror})") from None
-            if size > max_bytes:
-                raise StartRefused(
-                    f"dataset file {name} is {_size(size)}, over this server's limit of {_size(max_bytes)} per file"
-                    " (the operator sets it with FINETUNE_STUDIO_MAX_DATASET_BYTES); split the file or raise the limit"
-                )
+            yield field, name
+    if request.hf_dataset and is_local(request.hf_dataset):
+        yield "hf_dataset", request.hf_dataset
+
+
+def check_datasets(request: TrainingStartRequest, max_bytes: int, roots: Optional[list[Path]] = None) -> None:
+    """Every way data enters meets the same rules: each file it is read from exists,
+    can be read and is at most `max_bytes`; in a folder named by `hf_dataset` that is
+    each of its data files, and each must also lie under the roots (a link inside
+    the folder may lead out of it)."""
+    missing: list[tuple[str, str]] = []
+    for field, name in dataset_sources(request):
+        path = resolve(field, name)
+        try:
+            info = path.stat()
+        except FileNotFoundError:
+            missing.append((field, name))
+            continue
+        except OSError as exc:
+            raise StartRefused(f"dataset file {name} cannot be read ({exc.strerror})") from None
+        if field == "hf_dataset" and stat.S_ISDIR(info.st_mode):
+            for file, size in _folder_files(name, path, roots):
+                _check_size(f"{file} (in hf_dataset {name})", size, max_bytes)
+        else:
+            _check_size(name, info.st_size, max_bytes)
     if missing:
-        raise StartRefused(f"dataset file not found: {', '.join(missing)}; check the paths in local_datasets")
+        fields = " and ".join(dict.fromkeys(field for field, _ in missing))
+        raise StartRefused(f"dataset file not found: {', '.join(name for _, name in missing)}; check the paths in {fields}")
+
+
+def _check_size(what: str, size: int, max_bytes: int) -> None:
+    if size > max_bytes:
+        raise StartRefused(
+            f"dataset file {what} is {_size(size)}, over this server's limit of {_size(max_bytes)} per file"
+            " (the operator sets it with FINETUNE_STUDIO_MAX_DATASET_BYTES); split the file or raise the limit"
+        )
+
+
+def _folder_files(name: str, folder: Path, roots: Optional[list[Path]]) -> Iterator[tuple[Path, int]]:
+    """(path, size) of each data file `datasets` may read in `folder`: every file in
+    it and below, links followed (each folder once), hidden ones (`.`, `__`) skipped
+    as `datasets` skips them. Bounded: a folder of more entries is no dataset folder
+    (`hf_dataset: "/"`, say), and walking it would hold the request."""
+    entries = 0
+    seen = {folder}  # real folders already walked: a link back up is not walked again
+    for parent, folders, files in os.walk(folder, followlinks=True):
+        here = Path(parent)
+        kept = []
+        for entry in sorted(folders):
+            real = _inside(name, here / entry, roots)
+            if not entry.startswith((".", "__")) and real not in seen:
+                seen.add(real)
+                kept.append(entry)
+        folders[:] = kept
+        for entry in sorted(files):
+            if entry.startswith((".", "__")):
+                continue
+            entries += 1
+            if entries > MAX_FOLDER_FILES:
+                raise StartRefused(
+                    f"hf_dataset {name} holds more than {MAX_FOLDER_FILES} files, more than a dataset folder would:"
+                    " name the folder that holds just the dataset"
+                )
+            real = _inside(name, here / entry, roots)
+            try:
+                size = real.stat().st_size
+            except OSError as exc:
+                raise StartRefused(f"dataset file {here / entry} (in hf_dataset {name}) cannot be read ({exc.strerror})") from None
+            yield here / entry, size
+
+
+def _inside(name: str, path: Path, roots: Optional[list[Path]]) -> Path:
+    """The real path of an entry of an hf_dataset folder, which must lie under the roots too."""
+    real = resolve("hf_dataset", str(path))
+    if roots is not None and not any(real.is_relative_to(root) for root in roots):
+        raise PathNotAllowed(
+            f"hf_dataset: {path} in {name!r} leads outside the folders this server accepts paths from (it resolves"
+            f" to {real}). The server is reachable from the network, so paths must lie under"
+            f" {', '.join(str(r) for r in roots)}; the operator sets them with FINETUNE_STUDIO_ALLOWED_ROOTS"
+        )
+    return real
 
 
 def _size(count: int) -> str:

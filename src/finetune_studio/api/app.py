@@ -26,43 +26,62 @@ from finetune_studio.api.body_limit import DeclaredBodyLimit, too_large_message
 from finetune_studio.api.auth import TokenGuard
 from finetune_studio.api.deps import Studio
 from finetune_studio.api.routes import health, train
-from finetune_studio.config import Settings
+from finetune_studio.api.streaming import StudioApp
+from finetune_studio.config import Settings, token_problem
 from finetune_studio.errors import StartRefused, StudioError, UnsafeSettings
+from finetune_studio.jobs.lock import DataDirLock
 from finetune_studio.jobs.service import JobService
 from finetune_studio.jobs.store import JobStore
 from finetune_studio.schemas import SECRET_FIELDS
 from finetune_studio.supervisor.launcher import LocalProcessLauncher, WorkerLauncher
 from finetune_studio.supervisor.supervisor import Supervisor
+from finetune_studio.text import clean_text
 
 WEB_DIR = Path(__file__).resolve().parent.parent / "web"
 API_PREFIX = train.router.prefix + "/"  # every path under it wants the token, when one is set
 log = logging.getLogger("finetune_studio")
 
 
-def create_app(settings: Settings, launcher: Optional[WorkerLauncher] = None) -> FastAPI:
+def create_app(
+    settings: Settings, launcher: Optional[WorkerLauncher] = None, *, data_dir_lock: Optional[DataDirLock] = None
+) -> FastAPI:
+    """The app. It takes its data dir's lock when it starts (DataDirInUse if another
+    server has it), unless the caller already holds it and passes it as `data_dir_lock`
+    (the CLI does, to refuse before anything else starts); the caller then keeps it."""
     if not settings.is_loopback() and settings.token is None:
         # The CLI says this first; this guard holds for any other way of serving the app.
         raise UnsafeSettings(
             f"refusing to serve on {settings.host} without an API token: set FINETUNE_STUDIO_TOKEN, or bind 127.0.0.1"
         )
+    # Settings refuse such a token when they are built; this holds for settings made any other way.
+    problem = token_problem(settings.token.get_secret_value()) if settings.token is not None else None
+    if problem:
+        raise UnsafeSettings(problem)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        settings.jobs_dir.mkdir(parents=True, exist_ok=True)
-        store = JobStore(settings.db_path)
-        service = JobService(store, settings.jobs_dir)
-        supervisor = Supervisor(service, launcher or LocalProcessLauncher(settings.worker_python), settings)
-        app.state.studio = Studio(settings, service, supervisor)
-        await supervisor.start()
-        keepalive = asyncio.create_task(service.keep_streams_alive(), name="stream keep-alive")
+        # Before recovery, which would end another live server's jobs as orphans.
+        owned = data_dir_lock if data_dir_lock is not None and data_dir_lock.held else None
+        lock = owned or DataDirLock.acquire(settings.data_dir, settings.url)
         try:
-            yield
+            settings.jobs_dir.mkdir(parents=True, exist_ok=True)
+            store = JobStore(settings.db_path)
+            service = JobService(store, settings.jobs_dir)
+            supervisor = Supervisor(service, launcher or LocalProcessLauncher(settings.worker_python), settings)
+            app.state.studio = Studio(settings, service, supervisor)
+            await supervisor.start()
+            keepalive = asyncio.create_task(service.keep_streams_alive(), name="stream keep-alive")
+            try:
+                yield
+            finally:
+                keepalive.cancel()
+                await supervisor.shutdown()
+                store.close()
         finally:
-            keepalive.cancel()
-            await supervisor.shutdown()
-            store.close()
+            if owned is None:
+                lock.release()
 
-    app = FastAPI(
+    app = StudioApp(
         title="finetune-studio",
         version=__version__,
         summary="Fine-tune language models: queue jobs, stream every step.",
@@ -77,10 +96,12 @@ def create_app(settings: Settings, launcher: Optional[WorkerLauncher] = None) ->
 
     @app.exception_handler(StudioError)
     async def studio_error(request: Request, exc: StudioError) -> JSONResponse:
+        # A message may quote a file name or a request's text: it must encode whatever they hold.
+        text = clean_text(str(exc))
         if isinstance(exc, StartRefused):
-            body = {"job_id": "", "status": "error", "message": "The job was not started", "error": str(exc)}
+            body = {"job_id": "", "status": "error", "message": "The job was not started", "error": text}
             return JSONResponse(body, status_code=exc.status_code)
-        return JSONResponse({"detail": str(exc)}, status_code=exc.status_code)
+        return JSONResponse({"detail": text}, status_code=exc.status_code)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
@@ -126,6 +147,10 @@ def scrub_errors(errors: Sequence[Any]) -> list[Any]:
     clean = []
     for error in errors:
         error = dict(error)
+        # Every text answered must encode: a location or message may quote a field's name.
+        error["loc"] = _scrub(list(error.get("loc") or ()))
+        if "msg" in error:
+            error["msg"] = clean_text(str(error["msg"]))
         if "input" in error:
             loc = error.get("loc") or ()
             if any(part in SECRET_FIELDS for part in loc):
@@ -142,13 +167,15 @@ def scrub_errors(errors: Sequence[Any]) -> list[Any]:
 
 def _scrub(value: Any) -> Any:
     if isinstance(value, dict):
-        return {key: _REDACTED if key in SECRET_FIELDS else _scrub(item) for key, item in value.items()}
+        return {_scrub(key): _REDACTED if key in SECRET_FIELDS else _scrub(item) for key, item in value.items()}
     if isinstance(value, (list, tuple)):
         return [_scrub(item) for item in value]
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)
     if isinstance(value, bytes):
         return value.decode("utf-8", "replace")
-    if value is None or isinstance(value, (str, int, float)):
+    if isinstance(value, str):
+        return clean_text(value)
+    if value is None or isinstance(value, (int, float)):
         return value
-    return str(value)  # an exception in ctx, say
+    return clean_text(str(value))  # an exception in ctx, say

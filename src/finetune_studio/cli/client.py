@@ -19,7 +19,7 @@ from typing import Any, Optional
 
 import httpx
 
-TERMINAL = ("completed", "error", "stopped")
+from finetune_studio.jobs.phases import TERMINAL
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,32 @@ class StreamEvent:
 
 
 class StudioError(RuntimeError):
-    """The server refused a request; the message is the server's."""
+    """The server refused a request (the message is the server's), or could not be reached.
+
+    `status_code` is the HTTP status of a refusal; None when no answer came.
+    """
+
+    def __init__(self, message: str, status_code: Optional[int] = None) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+
+
+def error_text(body: Any) -> Optional[str]:
+    """The server's words in an error body: `error` (a refused start), or `detail` (a
+    string, or FastAPI's list of schema errors, given as 'field: problem')."""
+    if not isinstance(body, dict):
+        return None
+    if body.get("error"):
+        return str(body["error"])
+    detail = body.get("detail")
+    if isinstance(detail, list):
+        parts = []
+        for item in detail:
+            if isinstance(item, dict):
+                where = ".".join(str(part) for part in item.get("loc", ()) if part != "body")
+                parts.append(f"{where}: {item.get('msg')}" if where else str(item.get("msg")))
+        return "; ".join(parts) or None
+    return str(detail) if detail else None
 
 
 def parse_sse(lines: Iterator[str]) -> Iterator[tuple[Optional[str], str, str]]:
@@ -77,30 +102,47 @@ class StudioClient:
     def _json(self, response: httpx.Response) -> Any:
         if response.status_code >= 400:
             try:
-                body = response.json()
-                text = body.get("error") or body.get("detail") or response.text
+                text = error_text(response.json()) or response.text
             except ValueError:
                 text = response.text
-            raise StudioError(f"{response.status_code}: {text}")
+            raise StudioError(f"{response.status_code}: {text}", response.status_code)
         return response.json() if response.status_code != 204 else None
 
+    def answers(self, timeout: float = 2.0) -> bool:
+        """Whether anything answers HTTP at the base URL (a refused connection or a timeout: no)."""
+        try:
+            self.http.get("/health", timeout=timeout)
+        except httpx.TransportError:
+            return False
+        return True
+
+    def _request(self, method: str, path: str, **kwargs: Any) -> Any:
+        try:
+            response = self.http.request(method, path, **kwargs)
+        except httpx.TransportError as exc:
+            raise StudioError(
+                f"cannot reach the server at {self.http.base_url} ({exc or type(exc).__name__});"
+                " is `finetune-studio serve` running there?"
+            ) from None
+        return self._json(response)
+
     def health(self) -> dict[str, Any]:
-        return self._json(self.http.get("/health"))  # type: ignore[no-any-return]
+        return self._request("GET", "/health")  # type: ignore[no-any-return]
 
     def start(self, request: dict[str, Any]) -> str:
-        return str(self._json(self.http.post("/train/start", json=request))["job_id"])
+        return str(self._request("POST", "/train/start", json=request)["job_id"])
 
     def status(self, job_id: str) -> dict[str, Any]:
-        return self._json(self.http.get(f"/train/status/{job_id}"))  # type: ignore[no-any-return]
+        return self._request("GET", f"/train/status/{job_id}")  # type: ignore[no-any-return]
 
     def progress(self, job_id: str) -> Optional[dict[str, Any]]:
-        return self._json(self.http.get(f"/train/progress/{job_id}"))  # type: ignore[no-any-return]
+        return self._request("GET", f"/train/progress/{job_id}")  # type: ignore[no-any-return]
 
     def stop(self, job_id: str) -> dict[str, Any]:
-        return self._json(self.http.post(f"/train/stop/{job_id}"))  # type: ignore[no-any-return]
+        return self._request("POST", f"/train/stop/{job_id}")  # type: ignore[no-any-return]
 
     def jobs(self) -> list[dict[str, Any]]:
-        return self._json(self.http.get("/train/jobs"))["data"]  # type: ignore[no-any-return]
+        return self._request("GET", "/train/jobs")["data"]  # type: ignore[no-any-return]
 
     def stream(self, job_id: str, last_event_id: int = 0, retries: int = 30) -> Iterator[StreamEvent]:
         """Every event after last_event_id, reconnecting after a dropped connection."""
@@ -109,7 +151,8 @@ class StudioClient:
         while True:
             try:
                 headers = {"Last-Event-ID": str(cursor)} if cursor else {}
-                with self.http.stream("GET", f"/train/stream/{job_id}", headers=headers, timeout=httpx.Timeout(30.0, read=None)) as response:
+                timeout = httpx.Timeout(30.0, read=None)
+                with self.http.stream("GET", f"/train/stream/{job_id}", headers=headers, timeout=timeout) as response:
                     if response.status_code >= 400:
                         response.read()
                         self._json(response)

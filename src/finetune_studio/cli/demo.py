@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import shutil
 import sys
 import warnings
 from importlib import resources
@@ -22,7 +21,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from finetune_studio.cli.client import StudioClient
-from finetune_studio.cli.progress import ProgressView
+from finetune_studio.cli.progress import make_view
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 HELD_OUT = "What is the capital of Portugal?"
@@ -46,14 +45,13 @@ def prepare_smollm2(gguf: Path, models_dir: Path) -> Path:
     import torch
 
     from finetune_studio.training.models import ModelSource, load_tokenizer_and_model
+    from finetune_studio.wire import save_atomically
 
     print(f"converting {gguf.name} into {target} (once; about a minute) ...", flush=True)
     tokenizer, model = load_tokenizer_and_model(ModelSource("gguf", str(gguf)), dtype=torch.float32)
-    partial = target.with_name(target.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    model.save_pretrained(str(partial), safe_serialization=True)
-    tokenizer.save_pretrained(str(partial))
-    os.replace(partial, target)
+    with save_atomically(target) as partial:
+        model.save_pretrained(str(partial), safe_serialization=True)
+        tokenizer.save_pretrained(str(partial))
     return target
 
 
@@ -130,7 +128,7 @@ def run_demo(data_dir: Path, url_for: Any, tiny: bool, steps: Optional[int]) -> 
         before = answer(model_dir, HELD_OUT)
         print(f"  before: {before}\n", flush=True)
 
-    view = ProgressView(sys.stdout, interactive=sys.stdout.isatty(), width=min(100, shutil.get_terminal_size().columns - 1))
+    view = make_view(sys.stdout)
     with url_for() as url:
         print(f"server up at {url} (data in {data_dir})", flush=True)
         with StudioClient(url) as client:

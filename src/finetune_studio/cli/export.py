@@ -10,12 +10,10 @@ not at all.
 from __future__ import annotations
 
 import json
-import os
-import shutil
 from pathlib import Path
 
 from finetune_studio.training.models import ModelSource, load_tokenizer_and_model
-from finetune_studio.training.recipe import JOB_FILE
+from finetune_studio.wire import JobFolder, save_atomically
 
 
 class ExportError(Exception):
@@ -25,10 +23,10 @@ class ExportError(Exception):
 def find_job_dir(job: str, data_dir: Path) -> Path:
     """A job id under data_dir/jobs, or a job folder given by path."""
     for candidate in (Path(job).expanduser(), data_dir / "jobs" / job):
-        if (candidate / JOB_FILE).is_file():
+        if JobFolder(candidate).job_file.is_file():
             return candidate
     raise ExportError(
-        f"no trained job {job!r}: expected {data_dir / 'jobs' / job / JOB_FILE} (a job writes it once it starts"
+        f"no trained job {job!r}: expected {JobFolder(data_dir / 'jobs' / job).job_file} (a job writes it once it starts"
         " training); pass --data-dir if the server uses another data directory"
     )
 
@@ -37,15 +35,14 @@ def export_merged(job_dir: Path, out_dir: Path, dtype_name: str = "bfloat16") ->
     import torch
 
     dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[dtype_name]
-    record = json.loads((job_dir / JOB_FILE).read_text())
+    folder = JobFolder(job_dir)
+    record = json.loads(folder.job_file.read_text())
     out_dir = out_dir.expanduser().resolve()
     if out_dir.exists() and any(out_dir.iterdir()):
         raise ExportError(f"{out_dir} exists and is not empty; name a new folder")
-    partial = out_dir.with_name(f".{out_dir.name}.partial")
-    shutil.rmtree(partial, ignore_errors=True)
 
     if record["method"] == "lora":
-        adapter = job_dir / "adapter"
+        adapter = folder.adapter
         if not (adapter / "adapter_config.json").is_file():
             raise ExportError(f"{adapter} holds no adapter: the job has not finished saving one")
         from peft import PeftModel
@@ -54,15 +51,12 @@ def export_merged(job_dir: Path, out_dir: Path, dtype_name: str = "bfloat16") ->
         tokenizer, base = load_tokenizer_and_model(source, dtype=torch.float32, trust_remote_code=record.get("trust_remote_code", False))
         model = PeftModel.from_pretrained(base, str(adapter)).merge_and_unload()
     else:
-        folder = job_dir / "model"
-        if not (folder / "config.json").is_file():
-            raise ExportError(f"{folder} holds no model: the job has not finished saving one")
-        tokenizer, model = load_tokenizer_and_model(ModelSource("folder", str(folder)), dtype=torch.float32)
+        if not (folder.model / "config.json").is_file():
+            raise ExportError(f"{folder.model} holds no model: the job has not finished saving one")
+        tokenizer, model = load_tokenizer_and_model(ModelSource("folder", str(folder.model)), dtype=torch.float32)
 
     model = model.to(dtype)
-    model.save_pretrained(str(partial), safe_serialization=True)
-    tokenizer.save_pretrained(str(partial))
-    if out_dir.exists():
-        out_dir.rmdir()
-    os.replace(partial, out_dir)
+    with save_atomically(out_dir) as partial:
+        model.save_pretrained(str(partial), safe_serialization=True)
+        tokenizer.save_pretrained(str(partial))
     return out_dir

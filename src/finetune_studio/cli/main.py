@@ -1,4 +1,4 @@
-"""The `finetune-studio` command: serve, demo, watch, make-tiny-model."""
+"""The `finetune-studio` command: serve, train, watch, jobs, status, stop, export, demo, make-tiny-model."""
 
 from __future__ import annotations
 
@@ -6,17 +6,19 @@ import argparse
 import contextlib
 import gc
 import os
-import shutil
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import Any, Callable, Optional
 
 # Each command imports what it needs when it runs: `serve` must start fast, and the
 # client's httpx and the progress view's rich would cost it a quarter of a second.
-if TYPE_CHECKING:
-    from finetune_studio.cli.client import StudioClient
-    from finetune_studio.cli.progress import ProgressView
+
+DEFAULT_SERVER = "http://127.0.0.1:8000"
+# The request's literals (schemas.TrainingType and FormatType), written out so that
+# building the parser imports no pydantic; a unit test checks they agree.
+TRAINING_TYPES = ("LoRA/QLoRA", "Full Finetuning", "Continued Pretraining")
+FORMAT_TYPES = ("auto", "alpaca", "chatml", "sharegpt", "raw")
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -28,12 +30,26 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         import uvicorn
 
+        from pydantic import ValidationError
+
         from finetune_studio.api.app import create_app
         from finetune_studio.config import get_settings
+        from finetune_studio.errors import DataDirInUse, UnsafeSettings
+        from finetune_studio.jobs.lock import DataDirLock
 
-        settings = get_settings(
-            host=args.host, port=args.port, data_dir=args.data_dir, max_concurrent_jobs=args.max_concurrent_jobs
-        )
+        try:
+            settings = get_settings(
+                host=args.host, port=args.port, data_dir=args.data_dir, max_concurrent_jobs=args.max_concurrent_jobs
+            )
+        except UnsafeSettings as exc:  # a token that cannot protect anything, say
+            print(f"error: refusing to start: {exc}", file=sys.stderr)
+            return 2
+        except ValidationError as exc:
+            # Each setting and what is wrong with it; never the value (it may be a secret).
+            for error in exc.errors():
+                where = ".".join(str(part) for part in error["loc"]) or "settings"
+                print(f"error: setting {where} (FINETUNE_STUDIO_{where.upper()}): {error['msg']}", file=sys.stderr)
+            return 2
         if not settings.is_loopback() and settings.token is None:
             print(
                 f"error: refusing to bind {settings.host}: anyone on the network could start jobs and read your files.\n"
@@ -42,20 +58,29 @@ def _serve(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return 2
-        app = create_app(settings)
+        try:
+            # Before anything binds or recovers: the data dir's one owner (jobs/lock.py).
+            lock = DataDirLock.acquire(settings.data_dir, settings.url)
+        except DataDirInUse as exc:
+            print(f"error: refusing to start: {exc}", file=sys.stderr)
+            return 2
+        app = create_app(settings, data_dir_lock=lock)
         gc.freeze()
     finally:
         gc.enable()
     print(f"finetune-studio: data in {settings.data_dir}; UI and API on http://{settings.host}:{settings.port}/", flush=True)
-    uvicorn.run(
-        app,
-        host=settings.host,
-        port=settings.port,
-        log_level=args.log_level,
-        # Streams of queued jobs never end by themselves; give them a moment, then
-        # let the supervisor stop the running jobs cleanly.
-        timeout_graceful_shutdown=3,
-    )
+    try:
+        uvicorn.run(
+            app,
+            host=settings.host,
+            port=settings.port,
+            log_level=args.log_level,
+            # Streams of queued jobs never end by themselves; give them a moment, then
+            # let the supervisor stop the running jobs cleanly.
+            timeout_graceful_shutdown=3,
+        )
+    finally:
+        lock.release()
     return 0
 
 
@@ -83,28 +108,150 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
-def _watch(client: StudioClient, job_id: str, view: ProgressView) -> dict:
-    final: dict = {}
-    for event in client.stream(job_id):
-        view.show(event)
-        if event.is_terminal:
-            final = event.data
-    return final
+def _train(args: argparse.Namespace) -> int:
+    from finetune_studio.cli.train import run_train
+
+    return run_train(args)
 
 
-def _watch_command(args: argparse.Namespace) -> int:
+def _watch(args: argparse.Namespace) -> int:
     from finetune_studio.cli.client import StudioClient, StudioError
-    from finetune_studio.cli.progress import ProgressView
+    from finetune_studio.cli.follow import EXIT_FAILED, EXIT_REFUSED, ask_on_terminal, follow
+    from finetune_studio.cli.progress import JsonLinesView, make_view
 
-    view = ProgressView(sys.stdout, interactive=sys.stdout.isatty(), width=shutil.get_terminal_size().columns - 1)
-    with StudioClient(args.url, token=args.token) as client:
+    def say(text: str) -> None:
+        print(text, file=sys.stderr if args.output_json else sys.stdout, flush=True)
+
+    view = make_view(sys.stdout, output_json=args.output_json)
+    with StudioClient(args.server, token=args.token) as client:
         try:
-            final = _watch(client, args.job_id, view)
+            outcome = follow(client, args.job_id, view, ask_on_terminal, say)
         except StudioError as exc:
             print(f"error: {exc}", file=sys.stderr)
-            return 1
-    return 0 if final.get("phase") == "completed" else 1
+            return EXIT_REFUSED if exc.status_code is not None else EXIT_FAILED
+    if isinstance(view, JsonLinesView):
+        view.write(outcome.summary())
+    return outcome.exit_code
 
+
+def _client_command(run: Callable[..., int]) -> Callable[[argparse.Namespace], int]:
+    """jobs, status, stop: a client for --server, and 2 with the server's words when it refuses."""
+
+    def command(args: argparse.Namespace) -> int:
+        from finetune_studio.cli.client import StudioClient, StudioError
+        from finetune_studio.cli.follow import EXIT_REFUSED
+
+        with StudioClient(args.server, token=args.token) as client:
+            try:
+                return run(client, args)
+            except StudioError as exc:
+                print(f"error: {exc}", file=sys.stderr)
+                return EXIT_REFUSED
+
+    return command
+
+
+def _jobs(client: Any, args: argparse.Namespace) -> int:
+    from finetune_studio.cli.jobs import run_jobs
+
+    return run_jobs(client, sys.stdout, args.output_json)
+
+
+def _status(client: Any, args: argparse.Namespace) -> int:
+    from finetune_studio.cli.jobs import run_status
+
+    return run_status(client, args.job_id, sys.stdout, args.output_json)
+
+
+def _stop(client: Any, args: argparse.Namespace) -> int:
+    from finetune_studio.cli.jobs import run_stop
+
+    return run_stop(client, args.job_id, sys.stdout, args.output_json)
+
+
+def _setting(text: str) -> tuple[str, Any]:
+    """--set key=value: the value parsed as JSON, else kept as a string."""
+    import json
+
+    key, sep, raw = text.partition("=")
+    key = key.strip()
+    if not sep or not key.isidentifier():
+        raise argparse.ArgumentTypeError(f"expected key=value (a request field, '=', then its value), not {text!r}")
+    try:
+        return key, json.loads(raw)
+    except ValueError:
+        return key, raw
+
+
+def _client_options(parser: argparse.ArgumentParser, output_json_help: str) -> None:
+    parser.add_argument(
+        "--server", "--url", dest="server", default=os.environ.get("FINETUNE_STUDIO_URL", DEFAULT_SERVER),
+        help=f"the server's URL (default {DEFAULT_SERVER}, or FINETUNE_STUDIO_URL)",
+    )
+    parser.add_argument(
+        "--token", default=os.environ.get("FINETUNE_STUDIO_TOKEN"),
+        help="the server's API token (default FINETUNE_STUDIO_TOKEN)",
+    )
+    parser.add_argument("--output-json", action="store_true", help=output_json_help)
+
+
+TRAIN_DESCRIPTION = """Queue a training job and follow it with a progress bar until it ends.
+
+If nothing answers at --server and it is a loopback address (127.0.0.1 or
+localhost with a port; the default is), this command starts `finetune-studio
+serve` there on --data-dir for as long as the job runs, and stops it after.
+
+Ctrl-C asks "Stop job X? [y/N]": y stops the job (it saves what it trained) and
+keeps following until it has stopped; n keeps following; a second Ctrl-C leaves
+the job running. When stdin is not a terminal, Ctrl-C leaves the job running
+without asking. A server this command started keeps running when the job does,
+and the command says how to stop it.
+"""
+
+TRAIN_EPILOG = """--detach: queue the job and return at once, printing only its id on stdout (one
+JSON object with --output-json), so that `JOB=$(finetune-studio train ... --detach)`
+works; follow it later with `finetune-studio watch JOB`. A server this command
+started keeps running: its URL, pid and log are printed, and `kill PID` stops it.
+
+Output: a live progress bar on a terminal; plain lines otherwise; with
+--output-json, one JSON object per event ({"event": "status"|"progress", "id",
+"data"}) and a last {"event": "summary", ...} line, with notes on stderr.
+
+Exit status: 0 the job completed; 1 it ended in error or stopped (the error and
+its error_code are printed), or the stream was lost; 2 bad usage, the server
+refused the job (its reason is printed), or no server could be reached or
+started; 130 Ctrl-C left the job running (and --detach: 0 once queued).
+"""
+
+
+def _add_train_parser(commands: Any) -> None:
+    train = commands.add_parser(
+        "train", help="queue a training job and follow it to its end", description=TRAIN_DESCRIPTION,
+        epilog=TRAIN_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    train.add_argument("--model", required=True, help="a local model folder, a .gguf file, or a hub id")
+    train.add_argument("--data", required=True, action="append", metavar="FILE",
+                       help="a dataset file (.jsonl, .json, .csv, .parquet, .txt); repeat for more")
+    train.add_argument("--format", default="auto", choices=FORMAT_TYPES, help="the data's shape (default: auto, detected)")
+    train.add_argument("--training-type", default="LoRA/QLoRA", choices=TRAINING_TYPES, help="default: LoRA/QLoRA")
+    train.add_argument("--max-steps", type=int, default=None, metavar="N", help="optimizer steps (overrides --epochs)")
+    train.add_argument("--epochs", type=int, default=None, metavar="N", help="passes over the data (server default 1)")
+    train.add_argument("--lr", type=float, default=None, metavar="X", help="peak learning rate (server default 2e-4)")
+    train.add_argument("--batch-size", type=int, default=None, metavar="N")
+    train.add_argument("--lora-r", type=int, default=None, metavar="N", help="LoRA rank")
+    train.add_argument("--max-seq-length", type=int, default=None, metavar="N", help="longer rows are truncated")
+    train.add_argument("--set", action="append", type=_setting, metavar="KEY=VALUE",
+                       help="any request field, the value as JSON (lora_alpha=32, packing=true,"
+                            ' target_modules=\'["q_proj","v_proj"]\'); repeatable; applied last')
+    train.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
+                       help="where the server trains: cpu sends load_in_4bit=false and optim=adamw_torch (what works"
+                            " without CUDA); auto guesses cpu for a server on this machine when it has no NVIDIA driver")
+    train.add_argument("--detach", action="store_true", help="return once the job is queued (see below)")
+    train.add_argument("--data-dir", default=None,
+                       help="data directory of a server this command starts (default ~/.finetune-studio, or FINETUNE_STUDIO_DATA_DIR)")
+    train.add_argument("--no-start-server", action="store_true", help="never start a server; fail when none answers")
+    _client_options(train, "print JSON lines (one per event, then a summary) instead of the progress bar")
+    train.set_defaults(func=_train)
 
 @contextlib.contextmanager
 def running_server(data_dir: Path, port: int) -> Iterator[str]:
@@ -147,11 +294,29 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--data-dir", default=None, help="the server's data directory (default as for serve)")
     export.set_defaults(func=_export)
 
-    watch = commands.add_parser("watch", help="follow a job's progress in the terminal")
+    _add_train_parser(commands)
+
+    watch = commands.add_parser(
+        "watch", help="follow a job's progress in the terminal",
+        description="Follow a job until it ends; Ctrl-C asks whether to stop it. Exit status as for train.",
+    )
     watch.add_argument("job_id")
-    watch.add_argument("--url", default=os.environ.get("FINETUNE_STUDIO_URL", "http://127.0.0.1:8000"))
-    watch.add_argument("--token", default=os.environ.get("FINETUNE_STUDIO_TOKEN"))
-    watch.set_defaults(func=_watch_command)
+    _client_options(watch, "print JSON lines (one per event, then a summary) instead of the progress bar")
+    watch.set_defaults(func=_watch)
+
+    jobs = commands.add_parser("jobs", help="list the server's jobs, newest first")
+    _client_options(jobs, "print the server's JSON list of statuses")
+    jobs.set_defaults(func=_client_command(_jobs))
+
+    status = commands.add_parser("status", help="print a job's status")
+    status.add_argument("job_id")
+    _client_options(status, "print the server's JSON status")
+    status.set_defaults(func=_client_command(_status))
+
+    stop = commands.add_parser("stop", help="stop a job (it saves what it trained)")
+    stop.add_argument("job_id")
+    _client_options(stop, "print the server's JSON answer")
+    stop.set_defaults(func=_client_command(_stop))
 
     demo = commands.add_parser("demo", help="start a server, train a job end to end, and show its progress")
     demo.add_argument("--data-dir", default=None, help="the demo server's data (default ~/.finetune-studio/demo)")

@@ -1,16 +1,35 @@
-"""The terminal progress view: a bar with step, loss, learning rate and ETA.
+"""The terminal views of a job's stream: a rich progress bar, plain lines, or JSON lines.
 
-`render` is a pure function of the progress payload and a width, so tests compare
-exact strings; `ProgressView` decides how to draw (in place on a terminal, one line
-per phase and every few seconds otherwise).
+Every view has the same three methods (`show(event)` for each stream event,
+`paused()` around a question to the user, `close()` at the end) and takes the
+console or stream it writes to and the clock it reads, so tests render into a
+StringIO with a fixed clock and compare the exact text:
+
+    LiveView       a terminal: phase changes as lines above a rich progress bar
+                   (step/total, loss, learning rate, elapsed and the server's ETA)
+    LinesView      a pipe or a log file: the same phase lines, and a progress line
+                   every few seconds and at the last step
+    JsonLinesView  --output-json: one JSON object per event, for scripts
+
+`make_view` picks one for a command.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import time
-from typing import IO, Any, Callable, Optional
+from collections.abc import Iterator
+from typing import IO, TYPE_CHECKING, Any, Callable, Optional, Protocol, Union
 
-from finetune_studio.cli.client import StreamEvent
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TaskProgressColumn, TextColumn
+from rich.text import Text
+
+if TYPE_CHECKING:
+    from finetune_studio.cli.client import StreamEvent
+
+Clock = Callable[[], float]
 
 
 def format_seconds(seconds: Optional[float]) -> str:
@@ -22,63 +41,180 @@ def format_seconds(seconds: Optional[float]) -> str:
     return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes:02d}:{secs:02d}"
 
 
-def render(progress: dict[str, Any], width: int = 80) -> str:
-    step, total = int(progress["step"]), max(int(progress["total_steps"]), 1)
-    text = (
-        f" {step}/{total} {progress['progress_percent']:5.1f}%"
-        f"  loss {progress['loss']:.4f}  lr {progress['learning_rate']:.2e}"
+def _number(value: Any, spec: str) -> str:
+    return "-" if value is None else format(float(value), spec)
+
+
+def progress_line(progress: dict[str, Any]) -> str:
+    """One step's metrics as a line: 'step 15/60  25.0%  loss 2.3125  lr 2.00e-04  eta 01:15'."""
+    line = (
+        f"step {progress['step']}/{progress['total_steps']}  {float(progress['progress_percent']):5.1f}%"
+        f"  loss {_number(progress.get('loss'), '.4f')}  lr {_number(progress.get('learning_rate'), '.2e')}"
         f"  eta {format_seconds(progress.get('eta_seconds'))}"
     )
-    bar_width = max(10, width - len(text) - 2)
-    filled = min(bar_width, int(bar_width * step / total))
-    return "[" + "#" * filled + "." * (bar_width - filled) + "]" + text
+    if progress.get("eval_loss") is not None:
+        line += f"  eval_loss {float(progress['eval_loss']):.4f}"
+    return line
 
 
-class ProgressView:
-    def __init__(
-        self,
-        out: IO[str],
-        *,
-        interactive: bool,
-        width: int = 80,
-        clock: Callable[[], float] = time.monotonic,
-        every_seconds: float = 5.0,
-    ) -> None:
-        self.out = out
-        self.interactive = interactive
-        self.width = width
-        self.clock = clock
-        self.every_seconds = every_seconds
-        self._last_line_at: Optional[float] = None
-        self._bar_open = False
+class StatusLines:
+    """A status event as lines: '[phase] message', then its error and any warning not shown before."""
+
+    def __init__(self) -> None:
         self._warnings_shown = 0
 
-    def _end_bar(self) -> None:
-        if self._bar_open:
-            self.out.write("\n")
-            self._bar_open = False
+    def lines(self, status: dict[str, Any]) -> list[str]:
+        details = status.get("details") or {}
+        lines = [f"[{status['phase']}] {status['message']}"]
+        if status.get("error"):
+            code = details.get("error_code")
+            lines.append(f"  error{f' ({code})' if code else ''}: {status['error']}")
+        warnings = list(details.get("warnings") or [])
+        lines.extend(f"  warning: {warning}" for warning in warnings[self._warnings_shown :])
+        self._warnings_shown = max(self._warnings_shown, len(warnings))
+        return lines
+
+
+class View(Protocol):
+    def show(self, event: StreamEvent) -> None: ...
+
+    def paused(self) -> contextlib.AbstractContextManager[None]: ...
+
+    def close(self) -> None: ...
+
+
+def _print_plain(console: Console, line: str) -> None:
+    # No markup (a message may hold '[...]'), no highlighting, and no wrapping: a
+    # line a script reads stays one line.
+    console.print(Text(line), soft_wrap=True, highlight=False)
+
+
+class LinesView:
+    """Plain lines for a pipe or a log: every status, and a progress line every `every_seconds` and at the last step."""
+
+    def __init__(self, console: Console, *, clock: Clock = time.monotonic, every_seconds: float = 5.0) -> None:
+        self.console = console
+        self.clock = clock
+        self.every_seconds = every_seconds
+        self._status = StatusLines()
+        self._last_line_at: Optional[float] = None
 
     def show(self, event: StreamEvent) -> None:
         if event.kind == "status":
-            self._end_bar()
-            data = event.data
-            line = f"[{data['phase']}] {data['message']}"
-            if data.get("error"):
-                line += f"\n  error: {data['error']}"
-            warnings = (data.get("details") or {}).get("warnings", [])
-            for warning in warnings[self._warnings_shown :]:
-                line += f"\n  warning: {warning}"
-            self._warnings_shown = max(self._warnings_shown, len(warnings))
-            self.out.write(line + "\n")
+            for line in self._status.lines(event.data):
+                _print_plain(self.console, line)
         elif event.kind == "progress":
-            line = render(event.data, self.width)
-            if self.interactive:
-                self.out.write("\r" + line)
-                self._bar_open = True
+            now = self.clock()
+            last = event.data["step"] >= event.data["total_steps"]
+            if self._last_line_at is None or now - self._last_line_at >= self.every_seconds or last:
+                _print_plain(self.console, progress_line(event.data))
+                self._last_line_at = now
+        self.console.file.flush()
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        yield
+
+    def close(self) -> None:
+        self.console.file.flush()
+
+
+class LiveView:
+    """A terminal: phase lines scroll above a rich progress bar that each step redraws."""
+
+    def __init__(self, console: Console, *, clock: Clock = time.monotonic) -> None:
+        self.console = console
+        self._status = StatusLines()
+        # Redrawn on each event rather than by a refresh thread: the numbers only
+        # change when the server sends a step, and the output stays deterministic.
+        self.progress = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(bar_width=None),
+            MofNCompleteColumn(),
+            TaskProgressColumn(),
+            TextColumn("loss {task.fields[loss]}  lr {task.fields[lr]}  {task.fields[elapsed]} elapsed, eta {task.fields[eta]}"),
+            console=console,
+            auto_refresh=False,
+            get_time=clock,
+            redirect_stdout=False,
+            redirect_stderr=False,
+            expand=True,
+        )
+        self._task: Optional[TaskID] = None
+        self._running = False
+
+    def show(self, event: StreamEvent) -> None:
+        if event.kind == "status":
+            if event.is_terminal:
+                self._stop()
+            for line in self._status.lines(event.data):
+                # While the bar is live, rich prints these above it.
+                self.console.print(Text(line), highlight=False)
+        elif event.kind == "progress":
+            data = event.data
+            loss, lr = _number(data.get("loss"), ".4f"), _number(data.get("learning_rate"), ".2e")
+            elapsed, eta = format_seconds(data.get("elapsed_seconds")), format_seconds(data.get("eta_seconds"))
+            if self._task is None:
+                self._task = self.progress.add_task("training", total=data["total_steps"])
+            self.progress.update(
+                self._task, completed=data["step"], total=data["total_steps"], loss=loss, lr=lr, elapsed=elapsed, eta=eta
+            )
+            if self._running:
+                self.progress.refresh()
             else:
-                now = self.clock()
-                last = event.data["step"] == event.data["total_steps"]
-                if self._last_line_at is None or now - self._last_line_at >= self.every_seconds or last:
-                    self.out.write(line + "\n")
-                    self._last_line_at = now
+                self.progress.start()  # draws it
+                self._running = True
+
+    def _stop(self) -> None:
+        if self._running:
+            self.progress.stop()
+            self._running = False
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """Take the bar down while the user answers a question, and draw it again after."""
+        was_running = self._running
+        self._stop()
+        try:
+            yield
+        finally:
+            if was_running:
+                self.progress.start()
+                self._running = True
+
+    def close(self) -> None:
+        self._stop()
+
+
+class JsonLinesView:
+    """--output-json: {"event": kind, "id": n, "data": {...}} per line; the command adds a summary line."""
+
+    def __init__(self, out: IO[str]) -> None:
+        self.out = out
+
+    def show(self, event: StreamEvent) -> None:
+        self.write({"event": event.kind, "id": event.id, "data": event.data})
+
+    def write(self, record: dict[str, Any]) -> None:
+        self.out.write(json.dumps(record, separators=(",", ":")) + "\n")
         self.out.flush()
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        yield
+
+    def close(self) -> None:
+        self.out.flush()
+
+
+AnyView = Union[LiveView, LinesView, JsonLinesView]
+
+
+def make_view(out: IO[str], *, output_json: bool = False, clock: Clock = time.monotonic) -> AnyView:
+    """JSON lines when asked; a live bar on a terminal; plain lines anywhere else."""
+    if output_json:
+        return JsonLinesView(out)
+    console = Console(file=out)
+    if console.is_terminal and not console.is_dumb_terminal:
+        return LiveView(console, clock=clock)
+    return LinesView(console, clock=clock)

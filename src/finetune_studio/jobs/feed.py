@@ -6,15 +6,23 @@ frame past its cursor as one joined chunk, so a thousand readers cost a thousand
 slices and writes per event, not a thousand queries and encodings. A reader that
 is further behind than the feed holds (a replay from event 0, a slow client) reads
 from the database instead, in pages; the feed only ever holds the newest frames.
+
+A chunk holds at most `max_bytes` of frames (at least one frame): what a reader
+takes at once is what the server holds for it until the client has read it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import bisect
 
 from finetune_studio.jobs.store import StoredEvent
 
 KEEPALIVE = b": keep-alive\n\n"
+# The most bytes of frames one chunk holds (a single larger frame goes alone). A
+# chunk stays in the server's memory until its client has read it, so this bounds
+# what one slow reader costs; a 300-byte progress event is ~200 to a chunk.
+CHUNK_BYTES = 64 * 1024
 
 
 def sse_frame(event: StoredEvent) -> bytes:
@@ -34,6 +42,10 @@ class EventFeed:
         self.finished = False  # the terminal status is the last frame
         self._capacity = capacity
         self._frames: list[bytes] = []
+        # _ends[i]: the bytes of every frame ever appended, up to and including frame i
+        # (so a chunk's size is a difference, and its end a bisection).
+        self._ends: list[int] = []
+        self._appended = 0
         self._changed = asyncio.Event()
 
     @property
@@ -48,21 +60,27 @@ class EventFeed:
         if event.id != self.last_id + 1:
             # Not the next id (cannot happen while the service is the only writer):
             # start over from this event; readers before it go to the database.
-            self.first_id, self._frames = event.id, []
+            self.first_id, self._frames, self._ends = event.id, [], []
+        self._appended += len(frame)
         self._frames.append(frame)
+        self._ends.append(self._appended)
         if len(self._frames) >= 2 * self._capacity:
             drop = len(self._frames) - self._capacity
             del self._frames[:drop]
+            del self._ends[:drop]
             self.first_id += drop
         self.finished = terminal
         self.wake()
 
-    def frames_after(self, cursor: int) -> tuple[bytes, int]:
-        """All frames after `cursor` as one chunk, and the new cursor."""
+    def frames_after(self, cursor: int, max_bytes: int = CHUNK_BYTES) -> tuple[bytes, int]:
+        """The frames after `cursor`, at most `max_bytes` of them (at least one), as
+        one chunk, and the new cursor."""
         start = max(0, cursor - self.first_id + 1)
         if start >= len(self._frames):
             return b"", cursor
-        return b"".join(self._frames[start:]), self.last_id
+        before = self._ends[start] - len(self._frames[start])
+        end = max(start + 1, bisect.bisect_right(self._ends, before + max_bytes, lo=start))
+        return b"".join(self._frames[start:end]), self.first_id + end - 1
 
     def wake(self) -> None:
         """Wake every waiting reader (on a new event, or for a keep-alive)."""

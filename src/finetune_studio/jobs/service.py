@@ -13,15 +13,17 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, cast
 
-from finetune_studio.errors import StudioError
-from finetune_studio.jobs.feed import KEEPALIVE, EventFeed, sse_frame
-from finetune_studio.jobs.phases import TERMINAL
+from finetune_studio.bounds import bound_status
+from finetune_studio.errors import InvalidTransition, StudioError
+from finetune_studio.jobs.feed import CHUNK_BYTES, KEEPALIVE, EventFeed, sse_frame
+from finetune_studio.jobs.phases import PHASES, TERMINAL
 from finetune_studio.jobs.store import JobRecord, JobStore, StoredEvent
-from finetune_studio.schemas import TrainingProgress, TrainingStatus
+from finetune_studio.schemas import Phase, TrainingProgress, TrainingStatus
 
 
 def new_job_id() -> str:
@@ -36,21 +38,28 @@ def make_status(
     error: Optional[str] = None,
     details: Optional[dict[str, Any]] = None,
 ) -> dict[str, Any]:
-    """A TrainingStatus payload, validated against the seed's model."""
+    """A TrainingStatus payload, validated against the seed's model, stamped with
+    its time (`details.time`, seconds since the epoch) so that a replay shows how
+    long each phase took, and bounded (`finetune_studio.bounds`): a child's message
+    is untrusted, and a status is copied into the stream and every polling answer."""
+    if phase not in PHASES:
+        raise InvalidTransition(f"job {job_id} cannot go to {phase!r}: not a phase (phases: {', '.join(PHASES)})")
+    message, error, details = bound_status(message, error, details)
     status = TrainingStatus(
         job_id=job_id,
-        phase=phase,  # type: ignore[arg-type]
+        phase=cast(Phase, phase),
         is_training_running=phase == "training",
         message=message,
         error=error,
-        details=details,
+        details={**(details or {}), "time": round(time.time(), 6)},
     )
     return status.model_dump()
 
 
 # Events a feed keeps in memory per unfinished job (about 300 bytes each).
 FEED_CAPACITY = 4096
-# Events per database read when a reader is behind its job's feed.
+# Events per database read when a reader is behind its job's feed (a page also
+# ends at CHUNK_BYTES).
 REPLAY_PAGE = 5000
 
 
@@ -62,6 +71,8 @@ class JobService:
         # The feeds of unfinished jobs that have had an event or a reader since the
         # server started; a finished job's feed is dropped (its readers keep theirs).
         self._feeds: dict[str, EventFeed] = {}
+        # Open streams per job (see `open_reader`).
+        self._readers: dict[str, int] = {}
 
     # -- writes -------------------------------------------------------------
 
@@ -91,11 +102,23 @@ class JobService:
         return event
 
     def record_progress(self, job_id: str, progress: dict[str, Any]) -> Optional[StoredEvent]:
-        payload = TrainingProgress.model_validate(progress).model_dump(exclude_none=True)
+        # Unset metrics are left out, and so is `loss_finite` while it is true; `loss`
+        # is always there (null when the step's loss was not finite).
+        payload = TrainingProgress.model_validate(progress).model_dump(exclude_defaults=True)
         event = self.store.append_progress(job_id, payload)
         if event is not None:
             self._publish(event, terminal=False)
         return event
+
+    def set_worker(self, job_id: str, pid: Optional[int]) -> None:
+        """Record the pid of the job's running worker (None once it is gone), so that
+        a restarted server can find an orphan."""
+        self.store.set_worker_pid(job_id, pid)
+
+    def mark_stop_requested(self, job_id: str) -> None:
+        """Record that a stop was asked for: it outlives the server, so a job whose
+        server dies while it stops still ends `stopped` (supervisor/recovery.py)."""
+        self.store.set_stop_requested(job_id)
 
     def _publish(self, event: StoredEvent, terminal: bool) -> None:
         feed = self._feeds.get(event.job_id)
@@ -115,24 +138,41 @@ class JobService:
 
     # -- reads --------------------------------------------------------------
 
+    def open_reader(self, job_id: str, limit: int) -> bool:
+        """Count a new stream of the job, unless it has `limit` open already (False)."""
+        count = self._readers.get(job_id, 0)
+        if count >= limit:
+            return False
+        self._readers[job_id] = count + 1
+        return True
+
+    def close_reader(self, job_id: str) -> None:
+        count = self._readers.get(job_id, 0) - 1
+        if count > 0:
+            self._readers[job_id] = count
+        else:
+            self._readers.pop(job_id, None)
+
     def status_of(self, job: JobRecord, queue_position: Optional[int] = None) -> TrainingStatus:
+        """The job's current status; a queued job's place in the queue is known only
+        now (`details.queue_position`, and the message says the same number)."""
         status = TrainingStatus.model_validate(job.status)
         if queue_position is not None and job.phase == "idle":
-            details = dict(status.details or {})
-            details["queue_position"] = queue_position
-            status.details = details
+            status.message = f"Queued (position {queue_position})"
+            status.details = {**(status.details or {}), "queue_position": queue_position}
         return status
 
     async def stream(self, job_id: str, after_id: int = 0) -> AsyncIterator[bytes]:
         """Every event of a job with id > after_id as SSE bytes, live, ending after the
-        terminal status. Each chunk holds every event the reader was behind on."""
+        terminal status. Each chunk holds every event the reader was behind on, up
+        to CHUNK_BYTES (so a reader far behind takes several)."""
         cursor = after_id
         feed: Optional[EventFeed] = None
         while True:
             if feed is None or not feed.covers(cursor):
                 feed = self._feeds.get(job_id)
             if feed is not None and feed.covers(cursor):
-                chunk, cursor = feed.frames_after(cursor)
+                chunk, cursor = feed.frames_after(cursor, CHUNK_BYTES)
                 if chunk:
                     yield chunk
                     if feed.finished and cursor == feed.last_id:
@@ -141,7 +181,7 @@ class JobService:
                 if feed.finished:
                     return  # the terminal event was at or before after_id
             else:
-                events = self.store.events_after(job_id, cursor, limit=REPLAY_PAGE)
+                events = self.store.events_after(job_id, cursor, limit=REPLAY_PAGE, max_bytes=CHUNK_BYTES)
                 if events:
                     yield b"".join(sse_frame(event) for event in events)
                     cursor = events[-1].id

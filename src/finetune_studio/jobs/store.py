@@ -20,6 +20,10 @@ from typing import Any, Optional
 
 from finetune_studio.errors import InvalidTransition, JobNotFound
 from finetune_studio.jobs.phases import ALLOWED_FROM, TERMINAL
+from finetune_studio.text import clean
+
+# json.dumps writes every non-ASCII character as an escape; surrogates' start so.
+_ESCAPED_SURROGATE = "\\ud"
 
 MIGRATIONS: tuple[str, ...] = (
     # 1: jobs and events
@@ -79,7 +83,23 @@ class JobRecord:
 
 
 def _dumps(payload: dict[str, Any]) -> str:
-    return json.dumps(payload, separators=(",", ":"), allow_nan=False)
+    """The one way a payload becomes stored JSON: every job, status and progress write
+    passes here. Text that could not be encoded (a lone surrogate quoted from a
+    dataset row or a file name) is stored with U+FFFD in its place, so that whatever
+    is stored can be served (finetune_studio/text.py)."""
+    text = json.dumps(payload, separators=(",", ":"), allow_nan=False)
+    if _ESCAPED_SURROGATE in text:  # a lone surrogate, or an escaped pair (an emoji): rare, so check closely only now
+        text = json.dumps(clean(payload), separators=(",", ":"), allow_nan=False)
+    return text
+
+
+def _servable(text: str) -> str:
+    """Stored JSON as it may be served: rows written before `_dumps` cleaned text are cleaned as they are read."""
+    return _dumps(json.loads(text)) if _ESCAPED_SURROGATE in text else text
+
+
+def _loads(text: str) -> Any:
+    return json.loads(_servable(text))
 
 
 class JobStore:
@@ -132,7 +152,9 @@ class JobStore:
         JobNotFound for an unknown id.
         """
         target = status["phase"]
-        allowed = sorted(ALLOWED_FROM[target])
+        allowed = sorted(ALLOWED_FROM.get(target, ()))
+        if not allowed:
+            raise InvalidTransition(f"job {job_id} cannot go to {target!r}: no phase leads there")
         now = time.time()
         data = _dumps(status)
         marks = ",".join("?" * len(allowed))
@@ -191,7 +213,7 @@ class JobStore:
         row = self._db.execute("SELECT phase, status_json FROM jobs WHERE id = ?", (job_id,)).fetchone()
         if row is None:
             raise JobNotFound(job_id)
-        return str(row[0]), str(row[1])
+        return str(row[0]), _servable(str(row[1]))
 
     def get_job(self, job_id: str) -> JobRecord:
         row = self._db.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
@@ -215,12 +237,25 @@ class JobStore:
         )
         return [_record(row) for row in rows]
 
-    def events_after(self, job_id: str, after_id: int, limit: int = 1000) -> list[StoredEvent]:
+    def events_after(
+        self, job_id: str, after_id: int, limit: int = 1000, max_bytes: Optional[int] = None
+    ) -> list[StoredEvent]:
+        """Up to `limit` events after `after_id`; with `max_bytes`, the page ends with
+        the event that brings its data to that many bytes (rows past it are not read)."""
         rows = self._db.execute(
             "SELECT id, kind, data FROM events WHERE job_id = ? AND id > ? ORDER BY id LIMIT ?",
             (job_id, after_id, limit),
         )
-        return [StoredEvent(job_id, int(r[0]), str(r[1]), str(r[2])) for r in rows]
+        if max_bytes is None:
+            return [StoredEvent(job_id, int(r[0]), str(r[1]), _servable(str(r[2]))) for r in rows]
+        page: list[StoredEvent] = []
+        size = 0
+        for row in rows:
+            page.append(StoredEvent(job_id, int(row[0]), str(row[1]), _servable(str(row[2]))))
+            size += len(row[2])
+            if size >= max_bytes:
+                break
+        return page
 
 
 def _record(row: sqlite3.Row) -> JobRecord:
@@ -229,9 +264,9 @@ def _record(row: sqlite3.Row) -> JobRecord:
         seq=row["seq"],
         created_at=row["created_at"],
         phase=row["phase"],
-        status=json.loads(row["status_json"]),
-        progress=json.loads(row["progress_json"]) if row["progress_json"] else None,
-        request=json.loads(row["request_json"]),
+        status=_loads(row["status_json"]),
+        progress=_loads(row["progress_json"]) if row["progress_json"] else None,
+        request=_loads(row["request_json"]),
         output_dir=row["output_dir"],
         worker_pid=row["worker_pid"],
         stop_requested=bool(row["stop_requested"]),

@@ -3,16 +3,8 @@
 A launcher turns a `WorkerSpec` into a running `WorkerHandle`. The supervisor only
 talks to the handle: it reads the worker's messages, asks it to stop, terminates or
 kills it, and waits for its exit. Running the same jobs elsewhere (a Ray cluster)
-means writing another launcher; nothing else changes.
-
-The wire between server and child:
-
-- the child's stdin carries one JSON line (the spec, secrets included, so they
-  never touch disk or the process's environment), then commands (`stop`); EOF on
-  stdin means the server is gone, and the child stops and saves;
-- the child's stdout carries one JSON message per line (`training/channel.py`);
-  the child moves everything else it prints to stderr at start-up;
-- stderr goes to `worker.log` in the job's folder.
+means writing another launcher; nothing else changes. What travels over the wire
+is in `finetune_studio.wire`.
 """
 
 from __future__ import annotations
@@ -23,31 +15,39 @@ import json
 import os
 import signal
 import sys
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Protocol
 
+from finetune_studio.wire import MAX_MESSAGE_BYTES, STOP_COMMAND, JobFolder, WorkerSpec
+
 CHILD_MODULE = "finetune_studio.training.child"
-_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+# The server's own settings (FINETUNE_STUDIO_TOKEN above all) stay with the server;
+# only the tests' hooks, which the child reads, pass (training/child.py).
+SERVER_PREFIX = "FINETUNE_STUDIO_"
+CHILD_HOOKS_PREFIX = "FINETUNE_STUDIO_TEST_"
 
 
-@dataclass
-class WorkerSpec:
-    job_id: str
-    output_dir: Path
-    request: dict[str, Any]  # the full request, secrets included: handle with care
-    warnings: list[str] = field(default_factory=list)  # for the child to report with its first status
-    env: dict[str, str] = field(default_factory=dict)
+def child_environment(server_env: Mapping[str, str]) -> dict[str, str]:
+    """The environment of a training child: the server's, minus the server's settings.
 
-    def to_line(self) -> bytes:
-        payload = {
-            "job_id": self.job_id,
-            "output_dir": str(self.output_dir),
-            "request": self.request,
-            "warnings": self.warnings,
-        }
-        return json.dumps(payload).encode() + b"\n"
+    A deny-list by the one prefix the server owns, not an allow-list: everything else
+    in the environment is the user's configuration of the training stack
+    (CUDA_VISIBLE_DEVICES, HF_HOME, HF_HUB_OFFLINE, proxies, PYTORCH_CUDA_ALLOC_CONF,
+    OMP_NUM_THREADS, LD_LIBRARY_PATH, WANDB_*, ...), too open-ended to list, and
+    dropping one silently would train on the wrong GPU or go online. The child needs
+    no setting of the server's, and its secrets would otherwise end up wherever a
+    child's environment is recorded (W&B's run metadata, crash reports, a model's
+    remote code). The child gets its job, secrets included, on stdin.
+    """
+    env = {
+        name: value
+        for name, value in server_env.items()
+        if not name.startswith(SERVER_PREFIX) or name.startswith(CHILD_HOOKS_PREFIX)
+    }
+    env.update({"PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_DISABLE_TELEMETRY": "1"})
+    return env
 
 
 @dataclass(frozen=True)
@@ -105,7 +105,7 @@ class LocalProcessHandle:
                 return
             try:
                 message = json.loads(line)
-            except json.JSONDecodeError:
+            except (json.JSONDecodeError, RecursionError):  # not JSON, or nested past what the parser takes
                 continue
             if isinstance(message, dict):
                 yield message
@@ -115,7 +115,7 @@ class LocalProcessHandle:
         if stdin is None or stdin.is_closing():
             return
         try:
-            stdin.write(b"stop\n")
+            stdin.write(STOP_COMMAND.encode() + b"\n")
             await stdin.drain()
         except (BrokenPipeError, ConnectionResetError):
             pass  # already exiting
@@ -149,14 +149,8 @@ class LocalProcessLauncher:
 
     async def launch(self, spec: WorkerSpec) -> LocalProcessHandle:
         spec.output_dir.mkdir(parents=True, exist_ok=True)
-        log_path = spec.output_dir / "worker.log"
-        env = {
-            **os.environ,
-            "PYTHONUNBUFFERED": "1",
-            "TOKENIZERS_PARALLELISM": "false",
-            "HF_HUB_DISABLE_TELEMETRY": "1",
-            **spec.env,
-        }
+        log_path = JobFolder(spec.output_dir).log
+        env = child_environment(os.environ)
         with open(log_path, "ab") as log:
             process = await asyncio.create_subprocess_exec(
                 self.python,
@@ -171,7 +165,7 @@ class LocalProcessLauncher:
                 # Its own session: a Ctrl-C meant for the server does not reach the
                 # child; the server stops it cooperatively instead.
                 start_new_session=True,
-                limit=_MAX_MESSAGE_BYTES,
+                limit=MAX_MESSAGE_BYTES,
             )
         handle = LocalProcessHandle(process, log_path)
         assert process.stdin is not None

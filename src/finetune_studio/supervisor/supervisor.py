@@ -14,9 +14,8 @@ and after `kill_grace_seconds` more, SIGKILL.
 A worker that reports its end but does not exit gets the same escalation, so a
 finished job never holds its slot (or its GPU memory) for long.
 
-Restart: on start-up, a job that was running when the server went away cannot be
-driven by anyone; its worker (if still alive) is killed and the job ends in `error`
-with `server_restarted`, naming its last complete checkpoint. Queued jobs stay queued.
+Restart: on start-up, `recovery.recover_jobs` ends every job that was running when
+the server went away (see there). Queued jobs stay queued and run in turn.
 """
 
 from __future__ import annotations
@@ -35,20 +34,19 @@ from finetune_studio.config import Settings
 from finetune_studio.errors import InvalidTransition, JobAlreadyFinished
 from finetune_studio.jobs.phases import is_terminal
 from finetune_studio.jobs.service import JobService
-from finetune_studio.schemas import TrainingStatus
-from finetune_studio.wire import last_checkpoint
+from finetune_studio.jobs.store import JobRecord
+from finetune_studio.schemas import QUEUED_WARNINGS, WITHHELD_SECRETS, TrainingStatus
+from finetune_studio.supervisor.recovery import recover_jobs
+from finetune_studio.wire import OUT_OF_MEMORY_ADVICE, WorkerSpec
 from finetune_studio.supervisor.launcher import (
     WorkerExit,
     WorkerHandle,
     WorkerLauncher,
-    WorkerSpec,
-    is_our_worker,
 )
 
 log = logging.getLogger("finetune_studio.supervisor")
 
 _LOG_TAIL_LINES = 12
-_ORPHAN_EXIT_SECONDS = 5.0
 
 
 @dataclass
@@ -68,9 +66,10 @@ class Supervisor:
         self.launcher = launcher
         self.settings = settings
         self._active: dict[str, ActiveJob] = {}
-        # Requests (with secrets) of queued jobs, held in memory only. A job queued
-        # before a restart runs without its tokens; it says so in its warnings.
-        self._pending_requests: dict[str, dict[str, Any]] = {}
+        # The secrets (hf_token, wandb_token) of queued jobs, held in memory only:
+        # the rest of a request is read back from the store when the job starts. A
+        # job queued before a restart runs without its tokens, and says so.
+        self._secrets: dict[str, dict[str, str]] = {}
         self._wake = asyncio.Event()
         self._loop_task: Optional[asyncio.Task[None]] = None
         self._closing = False
@@ -83,35 +82,7 @@ class Supervisor:
         self._wake.set()
 
     def recover(self) -> None:
-        """End every job that was running when the server last went away."""
-        for job in self.service.store.unfinished_jobs():
-            if job.worker_pid and is_our_worker(job.worker_pid, job.id):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(job.worker_pid, signal.SIGKILL)
-                log.warning("killed orphaned worker %s of job %s", job.worker_pid, job.id)
-                _wait_gone(job.worker_pid, job.id)  # its memory is free before the next job starts
-            self.service.store.set_worker_pid(job.id, None)
-            if job.phase == "idle":
-                continue  # still queued: it runs in turn
-            output_dir = Path(job.output_dir)
-            details: dict[str, Any] = {"error_code": "server_restarted", "output_dir": job.output_dir}
-            checkpoint = last_checkpoint(output_dir)
-            if checkpoint is not None:
-                details["last_checkpoint"] = str(checkpoint)
-            for name in ("adapter", "model"):  # saved by a worker that stopped on its own when we went away
-                if (output_dir / name).is_dir():
-                    details[f"{name}_dir"] = str(output_dir / name)
-            kept = f"Its last checkpoint is {checkpoint}" if checkpoint else "It had saved no checkpoint yet"
-            self.service.transition(
-                job.id,
-                "error",
-                "The server stopped while this job was running",
-                error=(
-                    f"The server stopped while this job was in {job.phase}. {kept}; its files stay in"
-                    f" {job.output_dir}. Start the job again to train it."
-                ),
-                details=details,
-            )
+        recover_jobs(self.service)
 
     async def shutdown(self) -> None:
         """Stop running jobs cooperatively (they save), then make sure no worker outlives us."""
@@ -130,8 +101,10 @@ class Supervisor:
 
     # -- queue --------------------------------------------------------------
 
-    def submit(self, job_id: str, request: dict[str, Any]) -> None:
-        self._pending_requests[job_id] = request
+    def submit(self, job_id: str, secrets: dict[str, str]) -> None:
+        """A job was queued: remember its secrets (if any) and look for room to run it."""
+        if secrets:
+            self._secrets[job_id] = secrets
         self._wake.set()
 
     def queue_positions(self) -> dict[str, int]:
@@ -152,13 +125,20 @@ class Supervisor:
                 return
             if job_id in self._active:
                 continue
-            job = self.service.store.get_job(job_id)
-            request = self._pending_requests.pop(job_id, None)
-            active = ActiveJob(job_id, request if request is not None else dict(job.request))
-            if request is None:
-                active.notes.append("this job was queued before a server restart and runs without hf_token/wandb_token")
+            active = self._prepare(self.service.store.get_job(job_id))
             self._active[job_id] = active
             active.task = asyncio.create_task(self._run(active), name=f"job-{job_id}")
+
+    def _prepare(self, job: JobRecord) -> ActiveJob:
+        """The request a queued job's worker gets: as stored, with its secrets put back."""
+        request = {k: v for k, v in job.request.items() if k not in (WITHHELD_SECRETS, QUEUED_WARNINGS)}
+        secrets = self._secrets.pop(job.id, {})
+        request.update(secrets)
+        notes = [str(note) for note in job.request.get(QUEUED_WARNINGS, [])]
+        lost = [name for name in job.request.get(WITHHELD_SECRETS, []) if name not in secrets]
+        if lost:
+            notes.append(f"this job was queued before a server restart and runs without {' and '.join(lost)}")
+        return ActiveJob(job.id, request, notes=notes)
 
     # -- one job ------------------------------------------------------------
 
@@ -174,7 +154,7 @@ class Supervisor:
                 active.escalation.cancel()
             self._active.pop(job_id, None)
             with contextlib.suppress(Exception):
-                self.service.store.set_worker_pid(job_id, None)
+                self.service.set_worker(job_id, None)
             self._wake.set()
 
     async def _drive(self, active: ActiveJob) -> None:
@@ -188,7 +168,7 @@ class Supervisor:
             return
         active.handle = handle
         if handle.pid:
-            self.service.store.set_worker_pid(job_id, handle.pid)
+            self.service.set_worker(job_id, handle.pid)
         if active.stop_requested:  # a stop arrived while we were launching
             await handle.request_stop()
             self._escalate_later(active)
@@ -262,7 +242,7 @@ class Supervisor:
         active = self._active.get(job_id)
         if active is None:
             # Queued and not yet picked up: it never runs.
-            self._pending_requests.pop(job_id, None)
+            self._secrets.pop(job_id, None)
             self.service.transition(
                 job_id, "stopped", "Stopped before it started", details={"output_dir": job.output_dir}
             )
@@ -284,7 +264,7 @@ class Supervisor:
         if active.stop_requested:
             return
         active.stop_requested = True
-        self.service.store.set_stop_requested(active.job_id)
+        self.service.mark_stop_requested(active.job_id)
         log.info("stopping job %s: %s", active.job_id, reason)
         if active.handle is not None:
             await active.handle.request_stop()
@@ -307,16 +287,7 @@ class Supervisor:
 def _death_advice(exit_info: WorkerExit) -> str:
     if exit_info.signal_name != "SIGKILL":
         return ""
-    return (
-        " If no one killed it, the system most likely ran out of memory (the kernel's OOM killer): try a"
-        " smaller batch_size with more gradient_accumulation_steps, a shorter max_seq_length, or load_in_4bit."
-    )
-
-
-def _wait_gone(pid: int, job_id: str) -> None:
-    deadline = time.monotonic() + _ORPHAN_EXIT_SECONDS
-    while is_our_worker(pid, job_id) and time.monotonic() < deadline:
-        time.sleep(0.01)
+    return f" If no one killed it, the system most likely ran out of memory (the kernel's OOM killer). {OUT_OF_MEMORY_ADVICE}"
 
 
 def _log_tail(path: Path) -> str:

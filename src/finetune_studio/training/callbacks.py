@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import math
 import time
-from typing import TYPE_CHECKING, Any, Optional
+from collections.abc import Callable
+from typing import Any, Optional
 
 from transformers import TrainerCallback
 
-if TYPE_CHECKING:
-    from finetune_studio.training.recipe import Recipe
+from finetune_studio.training.channel import Channel, StopSignal
 
 
 def _number(logs: dict[str, Any], key: str) -> Optional[float]:
@@ -16,7 +17,7 @@ def _number(logs: dict[str, Any], key: str) -> Optional[float]:
     return float(value) if value is not None else None
 
 
-class ProgressCallback(TrainerCallback):  # type: ignore[misc]
+class ProgressCallback(TrainerCallback):
     """One progress event per optimizer step.
 
     The trainer logs a step's loss, then (on evaluation steps) evaluates and logs
@@ -24,8 +25,12 @@ class ProgressCallback(TrainerCallback):  # type: ignore[misc]
     evaluation arrives, so that its one event carries both losses.
     """
 
-    def __init__(self, recipe: Recipe) -> None:
-        self.recipe = recipe
+    def __init__(self, channel: Channel, stop: StopSignal, on_begin: Callable[[int, int], None]) -> None:
+        """`on_begin(total_steps, first_step)` runs when the trainer starts its loop
+        (the recipe announces `training` there, once the trainer knows its steps)."""
+        self.channel = channel
+        self.stop = stop
+        self.on_begin = on_begin
         self.started = time.monotonic()
         self.first_step = 0
         self.pending: Optional[dict[str, Any]] = None
@@ -33,12 +38,12 @@ class ProgressCallback(TrainerCallback):  # type: ignore[misc]
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.started = time.monotonic()
         self.first_step = int(state.global_step)  # above 0 when resuming from a checkpoint
-        self.recipe.start_training(int(state.max_steps), self.first_step)
+        self.on_begin(int(state.max_steps), self.first_step)
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         # Checked after every optimizer step: the trainer then logs this step,
         # saves a checkpoint (so the job can be resumed from here), and leaves its loop.
-        if self.recipe.stop.is_set():
+        if self.stop.is_set():
             control.should_training_stop = True
             control.should_save = True
 
@@ -59,7 +64,7 @@ class ProgressCallback(TrainerCallback):  # type: ignore[misc]
 
     def _flush(self) -> None:
         if self.pending is not None:
-            self.recipe.channel.progress(**self.pending)
+            self.channel.progress(**self.pending)
             self.pending = None
 
     def _progress(self, state: Any, logs: dict[str, Any]) -> dict[str, Any]:
@@ -68,10 +73,15 @@ class ProgressCallback(TrainerCallback):  # type: ignore[misc]
         elapsed = time.monotonic() - self.started
         done = step - self.first_step
         eta = elapsed / done * (total - step) if done > 0 else None
+        # A diverged step (NaN or infinite loss) is reported all the same: JSON has no
+        # NaN, so the loss goes as null and the flag says why.
+        loss = _number(logs, "loss")
+        finite = loss is not None and math.isfinite(loss)
         return {
             "step": step,
             "total_steps": total,
-            "loss": float(logs["loss"]),
+            "loss": loss if finite else None,
+            "loss_finite": finite,
             "learning_rate": float(logs.get("learning_rate", 0.0)),
             "progress_percent": round(100.0 * step / total, 2),
             "epoch": _number(logs, "epoch"),

@@ -1,4 +1,5 @@
-"""The child's side of the wire: messages to the server, and the stop signal from it.
+"""The child's side of the wire (`finetune_studio.wire`): messages to the server,
+and the stop signal from it.
 
 Kept free of torch so that it can be imported and tested on its own.
 """
@@ -11,11 +12,15 @@ import sys
 import threading
 from typing import IO, Any, Optional
 
+from finetune_studio.bounds import MAX_WARNING_CHARS, MAX_WARNINGS, bound_status, excerpt, fit, shrink
+from finetune_studio.schemas import ErrorCode, Phase
+from finetune_studio.wire import MAX_MESSAGE_BYTES, STOP_COMMAND, Message, status_message
+
 
 class JobFailure(Exception):
     """A failure the user can act on: ends the job in `error` with this code and text."""
 
-    def __init__(self, error_code: str, message: str) -> None:
+    def __init__(self, error_code: ErrorCode, message: str) -> None:
         super().__init__(message)
         self.error_code = error_code
         self.message = message
@@ -53,7 +58,7 @@ class StopSignal:
 
         def read() -> None:
             for line in stream:
-                if line.strip() == "stop":
+                if line.strip() == STOP_COMMAND:
                     self.set("a stop was requested")
             self.set("the server went away")
 
@@ -64,16 +69,28 @@ class StopSignal:
 
 class Channel:
     """Writes one JSON message per line to the server. Never raises: a server that
-    has gone away turns into a stop request instead."""
+    has gone away turns into a stop request instead.
+
+    Every message keeps to the wire's limits (`finetune_studio.bounds`): a status's
+    text and details are bounded, warnings are capped, numbers JSON cannot carry
+    become null, and a line that would still be over `MAX_MESSAGE_BYTES` (which the
+    server would skip, losing the status) is shrunk first.
+    """
 
     def __init__(self, stream: IO[str], stop: StopSignal) -> None:
         self._stream = stream
         self._stop = stop
         self._lock = threading.Lock()
         self.warnings: list[str] = []
+        self._more_warnings = 0  # distinct warnings past MAX_WARNINGS: counted, not kept
 
-    def _send(self, message: dict[str, Any]) -> None:
-        line = json.dumps(message, separators=(",", ":"), allow_nan=False, default=str)
+    def _send(self, message: Message) -> None:
+        try:
+            line = json.dumps(message, separators=(",", ":"), allow_nan=False, default=str)
+        except (ValueError, RecursionError):  # a NaN somewhere, or nesting the encoder refuses
+            line = json.dumps(shrink(message, MAX_MESSAGE_BYTES // 2), separators=(",", ":"), default=str)
+        if len(line) >= MAX_MESSAGE_BYTES:  # ASCII (json.dumps escapes the rest): characters are bytes
+            line = json.dumps(fit(dict(message), MAX_MESSAGE_BYTES // 8), separators=(",", ":"), default=str)
         with self._lock:
             try:
                 self._stream.write(line + "\n")
@@ -82,18 +99,36 @@ class Channel:
                 self._stop.set("the server went away")
 
     def warn(self, text: str) -> None:
-        if text not in self.warnings:
+        text = excerpt(text, MAX_WARNING_CHARS)
+        if text in self.warnings:
+            return
+        print(f"warning: {text}", file=sys.stderr)
+        if len(self.warnings) < MAX_WARNINGS - 1:
             self.warnings.append(text)
-            print(f"warning: {text}", file=sys.stderr)
+        else:
+            self._more_warnings += 1
 
     def status(
-        self, phase: str, message: str, *, error: Optional[str] = None, details: Optional[dict[str, Any]] = None
+        self, phase: Phase, message: str, *, error: Optional[str] = None, details: Optional[dict[str, Any]] = None
     ) -> None:
         full = dict(details or {})
         if self.warnings:
             full["warnings"] = list(self.warnings)
-        self._send({"type": "status", "phase": phase, "message": message, "error": error, "details": full})
+            if self._more_warnings:
+                full["warnings"].append(f"... and {self._more_warnings:,} more warnings (see the job's worker.log)")
+        message, error, full = bound_status(message, error, full)
+        self._send(status_message(phase, message, error=error, details=full))
 
     def progress(self, **fields: Any) -> None:
+        """One step's metrics. Unset and non-finite values are left out, except the
+        loss: a step whose loss is NaN or infinite is still reported, with
+        `loss: null` and `loss_finite: false`."""
         clean = {k: v for k, v in fields.items() if v is not None and not (isinstance(v, float) and not math.isfinite(v))}
+        if "loss" in fields:
+            loss = fields["loss"]
+            finite = isinstance(loss, (int, float)) and math.isfinite(loss) and fields.get("loss_finite", True) is not False
+            clean["loss"] = loss if finite else None
+            clean.pop("loss_finite", None)
+            if not finite:
+                clean["loss_finite"] = False  # absent means true: most steps carry no flag
         self._send({"type": "progress", "progress": clean})

@@ -16,6 +16,9 @@ import traceback
 from collections.abc import Iterator
 from typing import IO, Any, Optional
 
+from finetune_studio.schemas import ErrorCode
+
+from finetune_studio.wire import OUT_OF_MEMORY_ADVICE, WorkerSpec
 from finetune_studio.training.channel import (
     Channel,
     JobFailure,
@@ -38,7 +41,7 @@ def _chain(exc: BaseException) -> Iterator[BaseException]:
         current = current.__cause__ or current.__context__
 
 
-def classify(exc: BaseException) -> tuple[str, str]:
+def classify(exc: BaseException) -> tuple[ErrorCode, str]:
     """An error code and a sentence that says what to do, for an unexpected failure."""
     text = str(exc) or type(exc).__name__
     first = text.strip().splitlines()[0][:200] if text.strip() else type(exc).__name__
@@ -50,11 +53,7 @@ def classify(exc: BaseException) -> tuple[str, str]:
             or (isinstance(cause, OSError) and cause.errno == errno.ENOMEM)
             or any(word in lowered for word in _MEMORY_WORDS)
         ):
-            return "out_of_memory", (
-                f"Out of memory ({first}). Try a smaller batch_size with more gradient_accumulation_steps"
-                " (the same effective batch), a shorter max_seq_length, load_in_4bit, gradient_checkpointing,"
-                " or a smaller model."
-            )
+            return "out_of_memory", f"Out of memory ({first}). {OUT_OF_MEMORY_ADVICE}"
         if (isinstance(cause, OSError) and cause.errno in _DISK_ERRNOS) or any(word in lowered for word in _DISK_WORDS):
             return "disk_full", (
                 f"The disk is full ({first}). Free space on the disk that holds the data directory (each job's"
@@ -121,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
 
     stop = StopSignal()
     channel = _channel(events, stop)
-    spec = json.loads(sys.stdin.readline())
+    spec = WorkerSpec.from_line(sys.stdin.readline())
     stop.listen(sys.stdin)
 
     from finetune_studio.training.recipe import Recipe  # after the wire is up
@@ -129,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         recipe = Recipe(spec, channel, stop)
     except JobFailure as exc:  # the request does not hold up: nothing started
-        details = {"output_dir": spec.get("output_dir"), "error_code": exc.error_code}
+        details = {"output_dir": str(spec.output_dir), "error_code": exc.error_code}
         channel.status("error", "Training failed", error=exc.message, details=details)
         return 1
     try:

@@ -13,10 +13,9 @@ from pathlib import Path
 from typing import Any, Optional
 from urllib.parse import urlsplit
 
+from finetune_studio.paths import is_local, local_path
 from finetune_studio.training.datasets.errors import HUB_UNREACHABLE
 from finetune_studio.training.channel import JobFailure
-
-
 
 @dataclass(frozen=True)
 class ModelSource:
@@ -35,13 +34,9 @@ class ModelSource:
         return {"kind": self.kind, "location": self.location}
 
 
-def _looks_like_path(name: str) -> bool:
-    return name.startswith(("/", "./", "../", "~", "\\")) or name.count("/") > 1 or name.lower().endswith(".gguf")
-
-
 def resolve_source(name: str) -> ModelSource:
     """Decide what `name` names, or fail with what to fix. Touches no network."""
-    path = Path(name).expanduser()
+    path = local_path(name)
     if path.exists():
         path = path.resolve()
         if path.is_file():
@@ -53,7 +48,7 @@ def resolve_source(name: str) -> ModelSource:
             hint = f" (it holds {', '.join(ggufs)}: name that file)" if ggufs else ""
             raise JobFailure("model_not_found", f"{path} is not a Hugging Face model folder: it has no config.json{hint}")
         return ModelSource("folder", str(path))
-    if _looks_like_path(name):
+    if is_local(name):
         raise JobFailure("model_not_found", f"the model path {name} does not exist; name a local model folder or .gguf file")
     return ModelSource("hub", name)
 

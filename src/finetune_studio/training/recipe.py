@@ -15,17 +15,14 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import shutil
 from pathlib import Path
 from typing import Any, Optional
 
-from finetune_studio.schemas import TrainingStartRequest
-from finetune_studio.wire import last_checkpoint
+from finetune_studio.schemas import Phase, TrainingStartRequest
+from finetune_studio.wire import JobFolder, WorkerSpec, last_checkpoint, save_atomically
 from finetune_studio.training.datasets import LoadedData, load_eval_data, load_training_data, measure
 from finetune_studio.training.models import ModelSource, load_tokenizer_and_model, resolve_source
 from finetune_studio.training.channel import Channel, JobFailure, StopSignal
-
-JOB_FILE = "job.json"  # what export needs to find the base model again
 
 
 def has_module(name: str) -> bool:
@@ -33,18 +30,18 @@ def has_module(name: str) -> bool:
 
 
 class Recipe:
-    def __init__(self, spec: dict[str, Any], channel: Channel, stop: StopSignal) -> None:
+    def __init__(self, spec: WorkerSpec, channel: Channel, stop: StopSignal) -> None:
         self.channel = channel
         self.stop = stop
-        self.job_id: str = spec["job_id"]
-        self.output_dir = Path(spec["output_dir"])
+        self.job_id = spec.job_id
+        self.output_dir = spec.output_dir
+        self.folder = JobFolder(spec.output_dir)
         self.jobs_dir = self.output_dir.parent
-        self.phase = "idle"
+        self.phase: Phase = "idle"
         self.facts: dict[str, Any] = {"output_dir": str(self.output_dir), "worker_pid": os.getpid()}
-        for warning in spec.get("warnings", []):
+        for warning in spec.warnings:
             channel.warn(warning)
-        raw = dict(spec["request"])
-        raw.pop("withheld_secrets", None)
+        raw = dict(spec.request)
         try:
             self.request = TrainingStartRequest.model_validate(raw)
         except ValueError as exc:  # the server validated it already; this is a guard
@@ -53,8 +50,6 @@ class Recipe:
         self.facts["model_name"] = self.request.model_name
         if self.request.project_name:
             self.facts["project_name"] = self.request.project_name
-        for name in self.request.unknown_fields():
-            channel.warn(f"unknown field {name!r} ignored")
         if self.request.gpu_ids:
             # Must be set before torch first looks at CUDA.
             os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in self.request.gpu_ids)
@@ -68,7 +63,7 @@ class Recipe:
     def details(self) -> dict[str, Any]:
         return dict(self.facts)
 
-    def enter(self, phase: str, message: str, **details: Any) -> None:
+    def enter(self, phase: Phase, message: str, **details: Any) -> None:
         self.stop.check()
         self.phase = phase
         self.channel.status(phase, message, details={**self.facts, **details})
@@ -80,16 +75,20 @@ class Recipe:
         self.enter("loading_model", f"Loading model {request.model_local_path or request.model_name}")
         resume_from = self.resume_checkpoint()
         source = resolve_source(request.model_local_path or request.model_name)
+        # Every row is read and checked before any weights are, so a bad file is
+        # reported in seconds whatever the model's size. The seed's phase order
+        # stands: the data's findings are announced as `loading_dataset` once the
+        # tokenizer (which comes with the model) has measured them.
+        try:
+            train_data, eval_data = self.read_data()
+        except JobFailure:
+            self.enter("loading_dataset", "Reading and checking the dataset")  # the phase it failed in
+            raise
+        self.stop.check()
         tokenizer, model = self.load_model(source)
         self.facts["model_parameters"] = sum(p.numel() for p in model.parameters())
         self.stop.check()
-
-        try:
-            train_data, eval_data = self.load_data(tokenizer)
-        except JobFailure:
-            # Report the phase the job failed in, then the error.
-            self.enter("loading_dataset", "Reading and checking the dataset")
-            raise
+        self.measure_data(tokenizer, train_data)
         stats = self.facts["dataset"]
         self.enter(
             "loading_dataset",
@@ -185,29 +184,32 @@ class Recipe:
 
     # -- data ---------------------------------------------------------------
 
-    def load_data(self, tokenizer: Any) -> tuple[LoadedData, Optional[LoadedData]]:
-        """Read and check every row, and measure the training data in tokens.
-
-        The statistics ride on the `loading_dataset` status (and every later one),
-        so a user sees them before any compute is spent on training.
-        """
+    def read_data(self) -> tuple[LoadedData, Optional[LoadedData]]:
+        """Read and check every row of the training and evaluation data (no model needed)."""
         request = self.request
         train_data = load_training_data(request)
         eval_data = load_eval_data(request, train_data)
         for warning in train_data.warnings + (eval_data.warnings if eval_data else []):
             self.channel.warn(warning)
-        self.ensure_chat_template(tokenizer, train_data)
-        stats = measure(train_data, tokenizer, request.max_seq_length)
-        self.facts["dataset"] = {**stats, "format": train_data.shape, "detected": train_data.detected,
-                                 "files": train_data.per_file}
+        self.facts["dataset"] = {"rows": len(train_data.rows), "format": train_data.shape,
+                                 "detected": train_data.detected, "files": train_data.per_file}
         if eval_data is not None:
             self.facts["eval_dataset"] = {"rows": len(eval_data.rows), "format": eval_data.shape}
+        return train_data, eval_data
+
+    def measure_data(self, tokenizer: Any, train_data: LoadedData) -> None:
+        """Measure the training rows in tokens. The statistics ride on the
+        `loading_dataset` status (and every later one), so a user sees them before
+        any compute is spent on training."""
+        request = self.request
+        self.ensure_chat_template(tokenizer, train_data)
+        stats = measure(train_data, tokenizer, request.max_seq_length)
+        self.facts["dataset"] = {**stats, **self.facts["dataset"]}
         if stats["truncated_rows"] and not request.packing:
             self.channel.warn(
                 f"{stats['truncated_rows']} of {stats['rows']} rows are longer than max_seq_length"
                 f" ({request.max_seq_length} tokens) and will be truncated"
             )
-        return train_data, eval_data
 
     def ensure_chat_template(self, tokenizer: Any, data: LoadedData) -> None:
         needs = data.is_conversational or self.request.training_type == "Continued Pretraining"
@@ -279,7 +281,7 @@ class Recipe:
         max_steps = request.max_steps if request.max_steps and request.max_steps > 0 else -1
         warmup: float = request.warmup_steps if request.warmup_steps is not None else (request.warmup_ratio or 0)
         config = SFTConfig(
-            output_dir=str(self.output_dir / "checkpoints"),
+            output_dir=str(self.folder.checkpoints),
             num_train_epochs=float(request.num_epochs or 1),
             max_steps=max_steps,
             per_device_train_batch_size=request.batch_size,
@@ -319,7 +321,7 @@ class Recipe:
                 eval_dataset=Dataset.from_list(self.trainer_rows(tokenizer, eval_data)) if eval_data else None,
                 processing_class=tokenizer,
                 peft_config=peft_config,
-                callbacks=[ProgressCallback(self)],
+                callbacks=[ProgressCallback(self.channel, self.stop, self.start_training)],
             )
         except ValueError as exc:
             text = str(exc)
@@ -390,17 +392,12 @@ class Recipe:
     def write_job_file(self, source: ModelSource) -> None:
         record = {"job_id": self.job_id, "base_model": source.to_json(), "method": self.method,
                   "training_type": self.request.training_type, "trust_remote_code": self.request.trust_remote_code}
-        (self.output_dir / JOB_FILE).write_text(json.dumps(record, indent=2))
+        self.folder.job_file.write_text(json.dumps(record, indent=2))
 
     def save(self, trainer: Any, tokenizer: Any) -> None:
         """Write the adapter (or model) atomically: a folder appears complete or not at all."""
-        name = "adapter" if self.method == "lora" else "model"
-        final = self.output_dir / name
-        partial = self.output_dir / f".{name}.partial"
-        shutil.rmtree(partial, ignore_errors=True)
-        trainer.model.save_pretrained(str(partial), safe_serialization=True)
-        tokenizer.save_pretrained(str(partial))
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(partial, final)
-        self.facts[f"{name}_dir"] = str(final)
+        final = self.folder.adapter if self.method == "lora" else self.folder.model
+        with save_atomically(final) as partial:
+            trainer.model.save_pretrained(str(partial), safe_serialization=True)
+            tokenizer.save_pretrained(str(partial))
+        self.facts[f"{final.name}_dir"] = str(final)

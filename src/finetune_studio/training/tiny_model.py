@@ -8,7 +8,7 @@ Its weights are random: it learns, measurably, but says nothing sensible.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 CHATML_TEMPLATE = (
     "{% for message in messages %}"
@@ -35,7 +35,7 @@ The meeting is on Tuesday.
 """
 
 
-TINY_SHAPE = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2}
+TINY_SHAPE: dict[str, Any] = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2}
 
 
 def build_tiny_model(
@@ -43,7 +43,7 @@ def build_tiny_model(
     *,
     seed: int = 0,
     vocab_size: int = 512,
-    shape: Optional[dict[str, int]] = None,
+    shape: Optional[dict[str, Any]] = None,
     dtype: Optional[str] = None,
 ) -> Path:
     """Write a random Llama (config, safetensors weights, tokenizer) into directory.

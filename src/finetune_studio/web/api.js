@@ -1,6 +1,7 @@
 // The server's HTTP API: JSON requests that carry the API token, and its error shapes.
 
-const TOKEN_KEY = "finetune-studio.token";
+/** Where the token is kept in localStorage. */
+export const TOKEN_KEY = "finetune-studio.token";
 
 export function getToken() {
   try {

@@ -18,6 +18,7 @@ export class JobFeed {
     this.status = null; // the latest TrainingStatus
     this.firstStatus = null; // the queued status: it names the model
     this.phasesSeen = [];
+    this.phaseStarts = new Map(); // phase -> its first status's details.time (null: not stamped)
     this.steps = []; // distinct steps, ascending
     this.byStep = new Map(); // step -> TrainingProgress
     this.latest = null; // the latest TrainingProgress
@@ -83,7 +84,11 @@ export class JobFeed {
       const status = event.data;
       if (!this.firstStatus) this.firstStatus = status;
       this.status = status;
-      if (!this.phasesSeen.includes(status.phase)) this.phasesSeen.push(status.phase);
+      if (!this.phasesSeen.includes(status.phase)) {
+        this.phasesSeen.push(status.phase);
+        const time = status.details ? status.details.time : null;
+        this.phaseStarts.set(status.phase, Number.isFinite(time) ? time : null);
+      }
     } else if (event.kind === "progress") {
       const progress = event.data;
       const step = progress.step;

@@ -19,16 +19,20 @@ export function phaseLabel(phase) {
 }
 
 // What each error code means and what to do about it; the server's own `error`
-// text is shown beneath, so these stay short.
+// text is shown beneath, so these stay short. One entry per code of `ErrorCode`
+// in schemas.py (tests/unit/test_web_codes.py checks it).
 const ERROR_CODES = {
   model_not_found: "The model could not be loaded",
   dataset_invalid: "The dataset could not be read",
+  dataset_not_found: "The dataset could not be found",
   config_invalid: "The settings cannot be used together",
   out_of_memory: "Out of memory: try a smaller batch size or max sequence length",
   disk_full: "The disk is full",
-  worker_died: "The training process ended unexpectedly",
-  server_restarted: "The server restarted while this run was going; its checkpoints are kept",
   training_failed: "Training failed",
+  worker_died: "The training process ended unexpectedly",
+  worker_failed_to_start: "The training process could not start",
+  server_restarted: "The server restarted while this run was going; its checkpoints are kept",
+  internal_error: "The server failed while running this job: see its log",
 };
 
 export function errorHeadline(code) {
@@ -71,6 +75,18 @@ export function integer(value) {
 export function percent(value) {
   if (value == null || !Number.isFinite(value)) return "–";
   return `${value.toFixed(1)}%`;
+}
+
+/**
+ * How long a phase took: 0.43 -> "0.4 s", 12.3 -> "12 s", 185 -> "3:05"; a phase
+ * still running counts whole seconds, so its ticking reads 1 s, 2 s, 3 s.
+ */
+export function took(seconds, { running = false } = {}) {
+  if (seconds == null || !Number.isFinite(seconds) || seconds < 0) return "";
+  const s = running ? Math.floor(seconds) : seconds;
+  if (s < 9.95 && !running) return `${s.toFixed(1)} s`;
+  if (s < 59.5) return `${Math.round(s)} s`;
+  return duration(s);
 }
 
 /** 0.0002 -> "2e-4": how people write learning rates. */

@@ -3,7 +3,10 @@
 // twice is impossible. A reload draws from here at once and resumes the stream
 // after the last stored id.
 //
-// Database "finetune-studio", store "events": {job_id, id, kind, data, stored_at}.
+// Database "finetune-studio", store "events": {job_id, id, kind, data, stored_at},
+// reached through idb (vendored), which turns IndexedDB's requests into promises.
+
+import { openDB } from "./vendor/idb/index.js";
 
 const DB_NAME = "finetune-studio";
 const DB_VERSION = 1;
@@ -11,45 +14,35 @@ export const EVENTS = "events";
 
 let opening = null;
 
-function request(req) {
-  return new Promise((resolve, reject) => {
-    req.onsuccess = () => resolve(req.result);
-    req.onerror = () => reject(req.error);
-  });
+async function connect() {
+  try {
+    const db = await openDB(DB_NAME, DB_VERSION, {
+      upgrade(database) {
+        if (!database.objectStoreNames.contains(EVENTS)) database.createObjectStore(EVENTS, { keyPath: ["job_id", "id"] });
+      },
+      blocked() {
+        console.warn("IndexedDB upgrade is blocked by another tab");
+      },
+      // Another tab upgrading the schema: let it, and reopen on next use.
+      blocking() {
+        db.close();
+        opening = null;
+      },
+      // The browser closed the database (cleared by the user, say): reopen on next use.
+      terminated() {
+        opening = null;
+      },
+    });
+    return db;
+  } catch (error) {
+    console.warn("IndexedDB is unavailable; history will not survive a reload", error);
+    return null;
+  }
 }
 
 /** The database, or null where IndexedDB is unavailable (then history is not kept). */
 export function openHistory() {
-  if (!opening) {
-    opening = new Promise((resolve) => {
-      let req;
-      try {
-        req = indexedDB.open(DB_NAME, DB_VERSION);
-      } catch (error) {
-        console.warn("IndexedDB is unavailable; history will not survive a reload", error);
-        resolve(null);
-        return;
-      }
-      req.onupgradeneeded = () => {
-        const db = req.result;
-        if (!db.objectStoreNames.contains(EVENTS)) db.createObjectStore(EVENTS, { keyPath: ["job_id", "id"] });
-      };
-      req.onsuccess = () => {
-        const db = req.result;
-        // Another tab upgrading the schema: let it, and reopen on next use.
-        db.onversionchange = () => {
-          db.close();
-          opening = null;
-        };
-        resolve(db);
-      };
-      req.onerror = () => {
-        console.warn("IndexedDB could not be opened; history will not survive a reload", req.error);
-        resolve(null);
-      };
-      req.onblocked = () => console.warn("IndexedDB upgrade is blocked by another tab");
-    });
-  }
+  if (!opening) opening = connect();
   return opening;
 }
 
@@ -64,7 +57,7 @@ function jobRange(jobId) {
 export async function loadEvents(jobId) {
   const db = await openHistory();
   if (!db) return [];
-  const rows = await request(db.transaction(EVENTS, "readonly").objectStore(EVENTS).getAll(jobRange(jobId)));
+  const rows = await db.getAll(EVENTS, jobRange(jobId));
   const events = [];
   for (const row of rows) {
     if (row.id !== events.length + 1) break;
@@ -76,7 +69,7 @@ export async function loadEvents(jobId) {
 export async function clearHistory() {
   const db = await openHistory();
   if (!db) return;
-  await request(db.transaction(EVENTS, "readwrite").objectStore(EVENTS).clear());
+  await db.clear(EVENTS);
 }
 
 /**
@@ -109,13 +102,7 @@ export class HistoryWriter {
     if (!db) return;
     try {
       const tx = db.transaction(EVENTS, "readwrite");
-      const store = tx.objectStore(EVENTS);
-      for (const row of batch) store.put(row);
-      await new Promise((resolve, reject) => {
-        tx.oncomplete = resolve;
-        tx.onerror = () => reject(tx.error);
-        tx.onabort = () => reject(tx.error);
-      });
+      await Promise.all([...batch.map((row) => tx.store.put(row)), tx.done]);
       this.written += batch.length;
     } catch (error) {
       console.warn("could not store events in IndexedDB", error);

@@ -1,80 +1,27 @@
 // Server-Sent Events read with fetch(), so that requests can carry an
-// Authorization header (EventSource cannot). The parser follows the
-// text/event-stream rules of the HTML standard; the stream reconnects by itself,
+// Authorization header (EventSource cannot). The text/event-stream parsing is
+// eventsource-parser's (vendored); around it, the stream reconnects by itself,
 // sending Last-Event-ID, until the job's terminal status has arrived.
 
 import { authHeaders } from "./api.js";
 import { TERMINAL } from "./format.js";
+import { createParser } from "./vendor/eventsource-parser/index.js";
 
-/** Incremental text/event-stream parser: push() text chunks, get {id, event, data} per event. */
-export class SSEParser {
-  constructor(onEvent, { onComment, onRetry } = {}) {
-    this.onEvent = onEvent;
-    this.onComment = onComment || (() => {});
-    this.onRetry = onRetry || (() => {});
-    this.partial = "";
-    this.afterCR = false; // a chunk ended on CR: a leading LF of the next one belongs to it
-    this.lastId = "";
-    this.resetEvent();
-  }
-
-  resetEvent() {
-    this.data = [];
-    this.type = "";
-  }
-
-  push(chunk) {
-    let start = 0;
-    for (let i = 0; i < chunk.length; i++) {
-      const c = chunk.charCodeAt(i);
-      if (this.afterCR) {
-        this.afterCR = false;
-        if (c === 10) {
-          start = i + 1;
-          continue;
-        }
-      }
-      if (c === 10 || c === 13) {
-        this.line(this.partial + chunk.slice(start, i));
-        this.partial = "";
-        start = i + 1;
-        this.afterCR = c === 13;
-      }
-    }
-    this.partial += chunk.slice(start);
-  }
-
-  line(text) {
-    if (text === "") {
-      this.dispatch();
-      return;
-    }
-    if (text.startsWith(":")) {
-      this.onComment(text.slice(1));
-      return;
-    }
-    const colon = text.indexOf(":");
-    const field = colon === -1 ? text : text.slice(0, colon);
-    let value = colon === -1 ? "" : text.slice(colon + 1);
-    if (value.startsWith(" ")) value = value.slice(1);
-    if (field === "data") this.data.push(value);
-    else if (field === "event") this.type = value;
-    else if (field === "id") {
-      if (!value.includes("\0")) this.lastId = value;
-    } else if (field === "retry") {
-      if (/^\d+$/.test(value)) this.onRetry(Number(value));
-    }
-  }
-
-  dispatch() {
-    if (this.data.length === 0) {
-      this.resetEvent();
-      return;
-    }
-    const event = { id: this.lastId, event: this.type || "message", data: this.data.join("\n") };
-    this.resetEvent();
-    this.onEvent(event);
-  }
+/**
+ * A text/event-stream parser: feed() it text chunks, split anywhere; onEvent gets
+ * {id, event, data} per event. As in EventSource, `id` is the last id the stream
+ * has named (an event without one keeps it) and `event` defaults to "message".
+ */
+export function eventParser(onEvent, { onComment, onRetry } = {}) {
+  let lastId = "";
+  return createParser({
+    onId: (id) => {
+      lastId = id;
+    },
+    onEvent: (event) => onEvent({ id: lastId, event: event.event || "message", data: event.data }),
+    onComment,
+    onRetry,
+  });
 }
 
 function sleep(ms, signal) {
@@ -169,13 +116,13 @@ export class JobStream {
         }
         this.onState({ state: "live" });
         const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
-        const parser = new SSEParser((event) => {
+        const parser = eventParser((event) => {
           if (this.accept(event)) received += 1;
         }, { onRetry: (ms) => { this.baseDelay = Math.max(100, Math.min(ms, 30000)); } });
         for (;;) {
           const { value, done } = await reader.read();
           if (done) break;
-          parser.push(value);
+          parser.feed(value);
           if (this.finished) {
             await reader.cancel().catch(() => {});
             break;

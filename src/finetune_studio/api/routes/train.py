@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Optional, Union
+from typing import Annotated, Any, Optional, Union
 
 from fastapi import APIRouter, Header, Query, Request, Response, status
-from fastapi.responses import StreamingResponse
-from fastapi.sse import EventSourceResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 
 from finetune_studio.api.admission import check_start
 from finetune_studio.api.deps import JobDep, StudioDep, studio_of
+from finetune_studio.api.streaming import BoundedEventStream
+from finetune_studio.errors import PastLastEvent
 from finetune_studio.schemas import (
+    QUEUED_WARNINGS,
     SECRET_FIELDS,
+    WITHHELD_SECRETS,
     JobList,
     TrainingJobResponse,
     TrainingProgress,
@@ -39,15 +42,16 @@ async def start_training(request: TrainingStartRequest, studio: StudioDep) -> Tr
     queued = len(supervisor.queue_positions())
     check_start(request, studio.settings, queued=queued)
     stored = request.redacted()
-    stored["withheld_secrets"] = [name for name in SECRET_FIELDS if getattr(request, name)]
-    position = queued + 1
-    job = service.create_job(
-        stored,
-        message=f"Queued (position {position})",
-        details={"model_name": request.model_name, "project_name": request.project_name},
-    )
-    supervisor.submit(job.id, request.model_dump())
-    return TrainingJobResponse(job_id=job.id, status="queued", message=f"Job {job.id} queued at position {position}")
+    secrets = {name: value for name in SECRET_FIELDS if (value := getattr(request, name))}
+    stored[WITHHELD_SECRETS] = sorted(secrets)
+    warning = request.ignored_fields_warning()
+    stored[QUEUED_WARNINGS] = [warning] if warning else []
+    details: dict[str, Any] = {"model_name": request.model_name, "project_name": request.project_name}
+    if warning:
+        details["warnings"] = [warning]
+    job = service.create_job(stored, message="Queued", details=details)
+    supervisor.submit(job.id, secrets)
+    return TrainingJobResponse(job_id=job.id, status="queued", message=f"Job {job.id} queued at position {queued + 1}")
 
 
 @router.get("/status/{job_id}", response_model=TrainingStatus, responses=_NOT_FOUND)
@@ -98,24 +102,63 @@ _STREAM = {
 }
 
 
-@router.get("/stream/{job_id}", response_class=StreamingResponse, responses={**_STREAM, **_NOT_FOUND})
+_PAST_END = {
+    status.HTTP_416_RANGE_NOT_SATISFIABLE: {
+        "description": "Last-Event-ID is past the job's last event; the message names the last event id"
+    }
+}
+_FULL = {
+    status.HTTP_503_SERVICE_UNAVAILABLE: {
+        "description": "The job has as many open streams as the server allows (max_streams_per_job); see Retry-After"
+    }
+}
+_STREAM_RETRY_SECONDS = 5
+
+
+@router.get(
+    "/stream/{job_id}", response_class=StreamingResponse, responses={**_STREAM, **_NOT_FOUND, **_PAST_END, **_FULL}
+)
 async def training_stream(
     job: JobDep,
     studio: StudioDep,
     last_event_id_header: Annotated[Optional[int], Header(alias="Last-Event-ID", ge=0, le=_MAX_EVENT_ID)] = None,
     last_event_id: Annotated[Optional[int], Query(ge=0, le=_MAX_EVENT_ID, description="Resume after this event id")] = None,
-) -> EventSourceResponse:
+) -> Response:
     """Every status and progress event of the job as Server-Sent Events
     (`event: status|progress`, `data: <JSON>`, `id: <event id>`).
 
     Replays the events after `Last-Event-ID` (header or query), follows live, and
     closes after the terminal status; a comment line comes every 15 s while nothing
-    happens. Each event is encoded once for all clients, and each client gets all
-    the events it is behind on in one write.
+    happens. A `Last-Event-ID` past the job's last event is a 416 that names the last
+    event id. Each event is encoded once for all clients, and each client gets all
+    the events it is behind on in one write (up to 64 KiB). A client that stops
+    reading is dropped after `stream_stall_seconds` (it reconnects with
+    Last-Event-ID); a job holds at most `max_streams_per_job` streams (503 beyond).
     """
     after = max(last_event_id_header or 0, last_event_id or 0)
+    if after > job.last_event_id:
+        # Event ids only grow, one at a time: a cursor past the last one was never
+        # given out by this server (another server's, or a replaced data dir). Said at
+        # once, rather than keep-alives until the job ends and nothing ever arrives.
+        raise PastLastEvent(job.id, after, job.last_event_id)
+    service, limit = studio.service, studio.settings.max_streams_per_job
+    if not service.open_reader(job.id, limit):
+        return JSONResponse(
+            {
+                "detail": f"job {job.id} has {limit} open streams, this server's limit per job; try again shortly"
+                f" (or poll GET /train/status/{job.id}). The operator sets the limit with"
+                " FINETUNE_STUDIO_MAX_STREAMS_PER_JOB"
+            },
+            status_code=status.HTTP_503_SERVICE_UNAVAILABLE,
+            headers={"Retry-After": str(_STREAM_RETRY_SECONDS)},
+        )
     headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-    return EventSourceResponse(studio.service.stream(job.id, after), headers=headers)
+    return BoundedEventStream(
+        service.stream(job.id, after),
+        stall_seconds=studio.settings.stream_stall_seconds,
+        on_close=lambda: service.close_reader(job.id),
+        headers=headers,
+    )
 
 
 @router.post("/stop/{job_id}", responses={**_NOT_FOUND, status.HTTP_409_CONFLICT: {"description": "The job has finished"}})

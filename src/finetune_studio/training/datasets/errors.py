@@ -16,13 +16,13 @@ adds the source and the location.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from finetune_studio.training.channel import JobFailure
 
-DATASET_INVALID = "dataset_invalid"
-DATASET_NOT_FOUND = "dataset_not_found"
-CONFIG_INVALID = "config_invalid"
+DATASET_INVALID: Final = "dataset_invalid"
+DATASET_NOT_FOUND: Final = "dataset_not_found"
+CONFIG_INVALID: Final = "config_invalid"
 
 HUB_UNREACHABLE = "cannot reach the Hugging Face hub; name a local folder or file"
 

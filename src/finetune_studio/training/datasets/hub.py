@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from finetune_studio.paths import is_local, local_path
 from finetune_studio.training.datasets.errors import (
     DATASET_NOT_FOUND,
     HUB_UNREACHABLE,
@@ -68,7 +69,7 @@ def open_hf_dataset(
     `split_field` is the request field that named the split ("train_split" or
     "eval_split"), for messages.
     """
-    path = Path(name).expanduser()
+    path = local_path(name)
     if path.is_file():
         if split_field == "eval_split":
             raise config_error(
@@ -78,7 +79,7 @@ def open_hf_dataset(
         return path
     if path.is_dir():
         return _open_folder(path, subset, split, split_field)
-    if name.startswith(("/", "./", "../", "~", "\\")) or name.count("/") > 1:
+    if is_local(name):
         raise JobFailure(DATASET_NOT_FOUND, f"hf_dataset {name}: no such file or folder")
     return _open_hub(name, subset, split, split_field, token)
 

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# The static checks: the import rules between processes (import-linter), lint (ruff)
+# and types (mypy --strict). scripts/test.sh runs them before the tests.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+echo "== import rules (lint-imports)"
+.venv/bin/lint-imports
+echo "== lint (ruff)"
+.venv/bin/ruff check src tests bench
+echo "== types (mypy --strict)"
+.venv/bin/mypy

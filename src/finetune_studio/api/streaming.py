@@ -1,0 +1,110 @@
+"""Event streams that a client cannot use to hold the server's memory.
+
+What a stream costs the server is what it has written and the client has not read.
+uvicorn writes each chunk to the connection's transport at once, and waits for the
+client only before the next one, while the transport's buffer is over its
+high-water mark (64 KiB). So a client that stops reading holds the buffer and one
+chunk (`jobs/feed.py` bounds a chunk to CHUNK_BYTES), and its stream then waits on
+it forever: 100 such clients of a job with large events once held 1.8 GB.
+
+`BoundedEventStream` watches the transport: when a chunk has waited
+`stall_seconds` for the client to read, or the transport holds more than
+`MAX_BUFFERED_BYTES`, it aborts the connection, which frees its buffer at once
+(`close()` would wait for the client to read it first). The client reconnects with
+`Last-Event-ID` and misses nothing. A client that reads keeps the buffer empty and
+pays for none of this: a chunk goes straight to `send` while nothing waits.
+
+The transport comes from the ASGI server, which does not hand it to the app:
+uvicorn's `send` is a method of its request cycle, whose `transport` is the
+connection. `StudioApp` (the FastAPI application) notes it in the scope's
+extensions for stream paths, before any middleware wraps `send`. Under a server
+without one (the test client), streams are not watched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterable, Callable, Mapping
+from typing import Any, Optional
+
+from fastapi import FastAPI
+from fastapi.sse import EventSourceResponse
+from starlette.types import Message, Receive, Scope, Send
+
+STREAM_PATHS = ("/train/stream/",)
+TRANSPORT = "finetune_studio.transport"
+# Only a server without flow control lets a buffer grow past its high-water mark
+# plus one chunk; uvicorn never does.
+MAX_BUFFERED_BYTES = 1024 * 1024
+
+
+def transport_of(send: Send) -> Optional[asyncio.WriteTransport]:
+    """The connection's transport behind an ASGI server's `send`, if it shows it."""
+    transport = getattr(getattr(send, "__self__", None), "transport", None)
+    needed = ("get_write_buffer_size", "abort", "is_closing")
+    return transport if all(callable(getattr(transport, name, None)) for name in needed) else None
+
+
+class StudioApp(FastAPI):
+    """FastAPI, noting the transport of each stream request (see the module docstring)."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"].startswith(STREAM_PATHS):
+            transport = transport_of(send)
+            if transport is not None:
+                scope = {**scope, "extensions": {**(scope.get("extensions") or {}), TRANSPORT: transport}}
+        await super().__call__(scope, receive, send)
+
+
+class BoundedEventStream(EventSourceResponse):
+    """An SSE response of pre-encoded chunks that drops a client that stops reading.
+
+    `on_close` runs once the response is over, however it ends (the route counts
+    the job's open streams with it).
+    """
+
+    def __init__(
+        self,
+        content: AsyncIterable[bytes],
+        *,
+        stall_seconds: float,
+        on_close: Callable[[], None],
+        headers: Optional[Mapping[str, str]] = None,
+    ) -> None:
+        super().__init__(content, headers=headers)
+        self.stall_seconds = stall_seconds
+        self.on_close = on_close
+        self.dropped = False  # set when the client was dropped for not reading
+        self._transport: Optional[asyncio.WriteTransport] = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        self._transport = (scope.get("extensions") or {}).get(TRANSPORT)
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.on_close()
+
+    async def stream_response(self, send: Send) -> None:
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        async for chunk in self.body_iterator:
+            body: Message = {"type": "http.response.body", "body": chunk, "more_body": True}
+            transport = self._transport
+            if transport is None or transport.get_write_buffer_size() == 0:
+                await send(body)  # nothing waits to be read: this send does not block
+            elif transport.get_write_buffer_size() > MAX_BUFFERED_BYTES or not await self._sent_in_time(send, body):
+                self._drop(transport)
+                return
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def _sent_in_time(self, send: Send, body: Message) -> bool:
+        try:
+            await asyncio.wait_for(send(body), self.stall_seconds)
+        except asyncio.TimeoutError:
+            return False
+        return True
+
+    def _drop(self, transport: Any) -> None:
+        """Abort the connection: its buffer goes at once, and the server sees the
+        client gone (the response ends as for any client that left)."""
+        self.dropped = True
+        transport.abort()

@@ -1,0 +1,133 @@
+"""Following a job's stream to its end, with Ctrl-C turned into a question.
+
+`follow` shows every event of a job in a view until the job ends. On Ctrl-C it
+takes the view down and asks "Stop job X? [y/N]": yes sends the stop and keeps
+following until the job ends `stopped`; no keeps following; a second Ctrl-C at
+the question (or a Ctrl-C with no terminal to ask on) leaves the job running and
+returns at once. After a question the stream resumes from the last event shown,
+so no event is lost or shown twice.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from typing import IO, Any, Callable, Literal, Optional
+
+from finetune_studio.cli.client import StudioClient, StudioError
+from finetune_studio.cli.progress import AnyView
+
+Answer = Literal["stop", "follow", "leave"]
+Ask = Callable[[str], Answer]
+
+# The exit statuses of the commands that follow a job (documented in their --help).
+EXIT_COMPLETED = 0
+EXIT_FAILED = 1  # the job ended in error or stopped; or the stream was lost
+EXIT_REFUSED = 2  # bad usage, the server refused the request, or no server answered
+EXIT_LEFT_RUNNING = 130  # Ctrl-C: the job was left running (128 + SIGINT, as shells report it)
+
+# Where a job saved what it trained: a LoRA adapter, or the full model.
+SAVED_KEYS = ("adapter_dir", "model_dir")
+
+
+@dataclass
+class Outcome:
+    """How following a job ended: its terminal status, or None when the user left it running."""
+
+    job_id: str
+    status: Optional[dict[str, Any]] = None
+    progress: Optional[dict[str, Any]] = field(default=None, repr=False)
+
+    @property
+    def left_running(self) -> bool:
+        return self.status is None
+
+    @property
+    def phase(self) -> Optional[str]:
+        return None if self.status is None else str(self.status["phase"])
+
+    @property
+    def details(self) -> dict[str, Any]:
+        return dict((self.status or {}).get("details") or {})
+
+    @property
+    def saved_to(self) -> Optional[str]:
+        return next((str(self.details[key]) for key in SAVED_KEYS if self.details.get(key)), None)
+
+    @property
+    def exit_code(self) -> int:
+        if self.status is None:
+            return EXIT_LEFT_RUNNING
+        return EXIT_COMPLETED if self.phase == "completed" else EXIT_FAILED
+
+    def summary(self) -> dict[str, Any]:
+        """The last JSON line of --output-json: what a script wants to know about the job."""
+        details = self.details
+        status = self.status or {}
+        progress = self.progress or {}
+        return {
+            "event": "summary",
+            "job_id": self.job_id,
+            "phase": self.phase,
+            "left_running": self.left_running,
+            "message": status.get("message"),
+            "error": status.get("error"),
+            "error_code": details.get("error_code"),
+            "steps": details.get("steps", progress.get("step")),
+            "total_steps": details.get("total_steps", progress.get("total_steps")),
+            "loss": progress.get("loss"),
+            "train_loss": details.get("train_loss"),
+            "saved_to": self.saved_to,
+            "exit_code": self.exit_code,
+        }
+
+
+def follow(client: StudioClient, job_id: str, view: AnyView, ask: Ask, notify: Callable[[str], None]) -> Outcome:
+    """Show the job's events until it ends (or the user leaves it); `notify` gets the notes for the user."""
+    outcome = Outcome(job_id)
+    cursor = 0
+    while True:
+        try:
+            for event in client.stream(job_id, last_event_id=cursor):
+                view.show(event)
+                cursor = event.id
+                if event.kind == "progress":
+                    outcome.progress = event.data
+                if event.is_terminal:
+                    outcome.status = event.data
+                    view.close()
+                    return outcome
+            raise StudioError(f"the stream of job {job_id} ended before the job did")
+        except KeyboardInterrupt:
+            # The bar stays down while the user answers and reads what came of it.
+            with view.paused():
+                answer = ask(f"Stop job {job_id}? [y/N] ")
+                if answer == "stop":
+                    try:
+                        status = client.stop(job_id)
+                        notify(f"asked job {job_id} to stop: {status['message']}")
+                    except StudioError as exc:  # it ended meanwhile (409): the stream shows how
+                        notify(f"could not stop job {job_id}: {exc}")
+            if answer == "leave":
+                view.close()
+                notify(f"left job {job_id} running; `finetune-studio stop {job_id}` stops it")
+                return outcome
+
+
+def ask_on_terminal(question: str, stdin: IO[str] = sys.stdin, out: IO[str] = sys.stderr) -> Answer:
+    """Ask on the terminal; with no terminal (a pipe, a script), leave the job running without asking."""
+    if not stdin.isatty():
+        out.write("Ctrl-C: stdin is not a terminal, so not asking whether to stop the job\n")
+        out.flush()
+        return "leave"
+    out.write(question)
+    out.flush()
+    try:
+        reply = stdin.readline()
+    except KeyboardInterrupt:
+        out.write("\n")
+        return "leave"
+    if not reply:  # end of input (Ctrl-D): the default, no
+        out.write("\n")
+        return "follow"
+    return "stop" if reply.strip().lower() in ("y", "yes") else "follow"

@@ -1,0 +1,244 @@
+"""`finetune-studio train`: a request from the flags, a server to send it to, and the job followed to its end.
+
+    build_request(args, cpu=...)   the flags as a `POST /train/start` body (pure; unit-tested)
+    may_start_server(url)          whether this command may start a server at url itself
+    run_train(args)                the command: find or start the server, queue, follow, exit status
+
+When nothing answers at a loopback `--server`, the command starts `finetune-studio
+serve` there (cli/local_server.LocalServer, in its own session so that Ctrl-C
+reaches only this command) and stops it when the job ends; with `--detach`, or
+when the user leaves the job running at Ctrl-C, the server keeps running and the
+command says how to stop it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import signal
+import sys
+from pathlib import Path
+from types import FrameType
+from typing import IO, Any, Optional
+from urllib.parse import urlsplit
+
+from finetune_studio.cli.client import StudioClient, StudioError
+from finetune_studio.cli.follow import EXIT_FAILED, EXIT_LEFT_RUNNING, EXIT_REFUSED, Outcome, ask_on_terminal, follow
+from finetune_studio.cli.local_server import LocalServer
+from finetune_studio.cli.progress import JsonLinesView, make_view
+
+DEFAULT_SERVER = "http://127.0.0.1:8000"
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+# Where a started server can be reached: LocalServer binds 127.0.0.1.
+STARTABLE_HOSTS = ("127.0.0.1", "localhost")
+# A busy machine can take a while to import the server; its log says why it did not come up.
+SERVER_START_SECONDS = 60.0
+# What works without CUDA: no 4-bit loading, and torch's own AdamW rather than
+# bitsandbytes' 8-bit one. Sent on CPU so that the job has no fallback warnings.
+CPU_SETTINGS: dict[str, Any] = {"load_in_4bit": False, "optim": "adamw_torch"}
+# flag (argparse dest) -> request field
+FLAG_FIELDS = {
+    "max_steps": "max_steps",
+    "epochs": "num_epochs",
+    "lr": "learning_rate",
+    "batch_size": "batch_size",
+    "lora_r": "lora_r",
+    "max_seq_length": "max_seq_length",
+}
+
+
+def has_nvidia_gpu() -> bool:
+    """Whether this machine has an NVIDIA driver; a guess at CUDA without importing torch (seconds)."""
+    return Path("/proc/driver/nvidia/version").exists() or shutil.which("nvidia-smi") is not None
+
+
+def is_loopback(url: str) -> bool:
+    parts = urlsplit(url)
+    return parts.scheme == "http" and parts.hostname in LOOPBACK_HOSTS
+
+
+def may_start_server(url: str) -> bool:
+    """Only a plain-http URL of 127.0.0.1 (or localhost) with a port names a server this command can start."""
+    parts = urlsplit(url)
+    if parts.scheme != "http" or parts.hostname not in STARTABLE_HOSTS or parts.path not in ("", "/"):
+        return False
+    try:
+        return parts.port is not None
+    except ValueError:  # a port that is not a number
+        return False
+
+
+def runs_on_cpu(device: str, url: str) -> bool:
+    """cpu and cuda say so; auto guesses from this machine, and only for a server on it."""
+    if device != "auto":
+        return device == "cpu"
+    return is_loopback(url) and not has_nvidia_gpu()
+
+
+def local_path_or_name(name: str) -> str:
+    """A path that exists here, made absolute (the server may run in another folder); else as given (a hub id)."""
+    path = Path(name).expanduser()
+    return str(path.resolve()) if path.exists() else name
+
+
+def build_request(args: argparse.Namespace, *, cpu: bool) -> dict[str, Any]:
+    """The `POST /train/start` body for the flags: only what they set, then every --set."""
+    request: dict[str, Any] = {
+        "model_name": local_path_or_name(args.model),
+        "training_type": args.training_type,
+        "format_type": args.format,
+        "local_datasets": [str(Path(path).expanduser().resolve()) for path in args.data],
+    }
+    for flag, name in FLAG_FIELDS.items():
+        value = getattr(args, flag)
+        if value is not None:
+            request[name] = value
+    if cpu:
+        request.update(CPU_SETTINGS)
+    for key, value in args.set or ():  # (key, value) pairs, parsed by main._setting
+        request[key] = value
+    return request
+
+
+class _Notes:
+    """Notes for the user: on stdout, except under --output-json, where stdout carries only JSON."""
+
+    def __init__(self, stdout: IO[str], stderr: IO[str], output_json: bool) -> None:
+        self.out = stderr if output_json else stdout
+        self.err = stderr
+
+    def say(self, text: str) -> None:
+        self.out.write(text + "\n")
+        self.out.flush()
+
+    def error(self, text: str) -> None:
+        self.err.write(f"error: {text}\n")
+        self.err.flush()
+
+
+def _data_dir(args: argparse.Namespace) -> Path:
+    if args.data_dir:
+        return Path(args.data_dir).expanduser().resolve()
+    from finetune_studio.config import get_settings
+
+    return get_settings().data_dir
+
+
+def _start_server(args: argparse.Namespace, client: StudioClient, notes: _Notes) -> Optional[LocalServer]:
+    """Start a server at --server, or None when one answered there meanwhile (another command started it)."""
+    port = urlsplit(args.server).port
+    assert port is not None
+    server = LocalServer(_data_dir(args), port=port, log_level="info", detached=True)
+    notes.say(f"nothing answers at {args.server}; starting a server there (data in {server.data_dir}) ...")
+    try:
+        server.start(timeout=SERVER_START_SECONDS)
+    except RuntimeError as exc:
+        if client.answers():
+            return None
+        raise StudioError(f"could not start a server at {args.server}: {exc}") from None
+    return server
+
+
+def _describe_kept(server: LocalServer) -> str:
+    return (
+        f"the server at {server.url} keeps running (pid {server.pid}, log {server.log_path});"
+        f" stop it with `kill {server.pid}`"
+    )
+
+
+def _finish(outcome: Outcome, view_json: Optional[JsonLinesView], notes: _Notes) -> int:
+    if view_json is not None:
+        view_json.write(outcome.summary())
+    if outcome.left_running:
+        return outcome.exit_code
+    if outcome.phase == "completed":
+        saved = f"; saved in {outcome.saved_to}" if outcome.saved_to else ""
+        notes.say(f"job {outcome.job_id} completed{saved}")
+    else:
+        status = outcome.status or {}
+        code = outcome.details.get("error_code")
+        reason = status.get("error") or status.get("message")
+        notes.error(f"job {outcome.job_id} ended in {outcome.phase}{f' ({code})' if code else ''}: {reason}")
+    return outcome.exit_code
+
+
+def _exit_on_signal(signum: int, frame: Optional[FrameType]) -> None:
+    # SIGTERM or a closed terminal: unwind, so that a server this command started is stopped.
+    raise SystemExit(128 + signum)
+
+
+def run_train(args: argparse.Namespace, stdout: IO[str] = sys.stdout, stderr: IO[str] = sys.stderr) -> int:
+    notes = _Notes(stdout, stderr, args.output_json)
+    request = build_request(args, cpu=runs_on_cpu(args.device, args.server))
+    server: Optional[LocalServer] = None
+    keep_server = bool(args.detach)
+    previous_handlers: dict[int, Any] = {}
+    with StudioClient(args.server, token=args.token) as client:
+        try:
+            if not client.answers():
+                if args.no_start_server or not may_start_server(args.server):
+                    why = "--no-start-server was given" if args.no_start_server else "it is not a loopback http URL with a port"
+                    notes.error(
+                        f"nothing answers at {args.server}; start a server there (`finetune-studio serve`) or name"
+                        f" another with --server (this command starts one itself only at a loopback address; {why})"
+                    )
+                    return EXIT_REFUSED
+                previous_handlers = {sig: signal.signal(sig, _exit_on_signal) for sig in (signal.SIGTERM, signal.SIGHUP)}
+                server = _start_server(args, client, notes)
+                if server is not None and not keep_server:
+                    notes.say(f"server up at {server.url} (pid {server.pid}); it stops when the job ends")
+            job_id = client.start(request)
+        except StudioError as exc:
+            notes.error(f"the job was not queued: {exc}")
+            _release(server, keep=False, previous_handlers=previous_handlers)
+            return EXIT_REFUSED
+        except KeyboardInterrupt:
+            notes.error("interrupted; no job was queued")
+            _release(server, keep=False, previous_handlers=previous_handlers)
+            return EXIT_LEFT_RUNNING
+        try:
+            if args.detach:
+                _say_detached(job_id, server, args, stdout, stderr)
+                return 0
+            notes.say(f"queued job {job_id} at {args.server}; Ctrl-C asks whether to stop it")
+            view = make_view(stdout, output_json=args.output_json)
+            try:
+                outcome = follow(client, job_id, view, ask_on_terminal, notes.say)
+            except StudioError as exc:
+                notes.error(f"{exc}; the job may still be running: `finetune-studio status {job_id}`")
+                return EXIT_FAILED
+            if outcome.left_running and server is not None:
+                keep_server = True
+                notes.say(_describe_kept(server))
+            return _finish(outcome, view if isinstance(view, JsonLinesView) else None, notes)
+        finally:
+            _release(server, keep=keep_server, previous_handlers=previous_handlers)
+
+
+def _say_detached(job_id: str, server: Optional[LocalServer], args: argparse.Namespace, stdout: IO[str], stderr: IO[str]) -> None:
+    """--detach: stdout gets the job id alone (or one JSON object), for `JOB=$(finetune-studio train ... --detach)`."""
+    if args.output_json:
+        record = {"event": "queued", "job_id": job_id, "server": args.server,
+                  "server_pid": None if server is None else server.pid}
+        stdout.write(json.dumps(record) + "\n")
+    else:
+        stdout.write(job_id + "\n")
+    stdout.flush()
+    stderr.write(
+        f"queued job {job_id} at {args.server}; follow it with `finetune-studio watch {job_id}`,"
+        f" stop it with `finetune-studio stop {job_id}`\n"
+    )
+    if server is not None:
+        stderr.write(_describe_kept(server) + "\n")
+    stderr.flush()
+
+
+def _release(server: Optional[LocalServer], *, keep: bool, previous_handlers: dict[int, Any]) -> None:
+    """Stop the server this command started (unless it is to keep running), and restore the signal handlers."""
+    try:
+        if server is not None and not keep:
+            server.stop()
+    finally:
+        for sig, handler in previous_handlers.items():
+            signal.signal(sig, handler)

@@ -1,0 +1,73 @@
+"""Text that can always be encoded: the one rule for strings that are not valid Unicode.
+
+Python's JSON parser accepts `"\\ud800"`, a lone UTF-16 surrogate, and gives back a
+`str` that cannot be encoded as UTF-8. Stored and served later, such a string makes
+every answer that carries it fail (a 500 on `GET /train/jobs`, for everyone, for
+good). File names that are not UTF-8 arrive the same way (`os.fsdecode` turns each
+bad byte into a surrogate). So:
+
+- requests are refused at the door when any string in them (field names included)
+  is not valid Unicode (`invalid_text_locations`, used by the request model);
+- everything the server stores or answers passes `clean`, which replaces each lone
+  surrogate with U+FFFD, the replacement character, so that text quoted from a
+  dataset or a file name still reads, minus the broken character.
+
+Plain Python: the server and the children import it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import Any
+
+REPLACEMENT = "\ufffd"
+# In a Python str every code point in this range stands alone (json.loads joins a
+# valid escaped pair into one character), so each one is a lone surrogate.
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def is_valid(text: str) -> bool:
+    """Whether `text` can be encoded as UTF-8 (holds no lone surrogate)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def clean_text(text: str) -> str:
+    """`text` with every lone surrogate replaced by U+FFFD (the same object when there is none)."""
+    if is_valid(text):
+        return text
+    return _SURROGATE.sub(REPLACEMENT, text)
+
+
+def clean(value: Any) -> Any:
+    """`value` (JSON-like: dicts, lists, tuples, strings, numbers) with every string,
+    dict keys included, made encodable by `clean_text`."""
+    if isinstance(value, str):
+        return clean_text(value)
+    if isinstance(value, dict):
+        return {clean(key): clean(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [clean(item) for item in value]
+    return value
+
+
+def invalid_text_locations(value: Any, where: tuple[Any, ...] = ()) -> Iterator[tuple[tuple[Any, ...], str, str]]:
+    """(location, "value" or "name", the text cleaned) for every string in `value` that
+    is not valid Unicode: a value, or a dict key (a field's name). Locations hold
+    cleaned keys, so that they can be answered."""
+    if isinstance(value, str):
+        if not is_valid(value):
+            yield where, "value", clean_text(value)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            place = (*where, clean(key))
+            if isinstance(key, str) and not is_valid(key):
+                yield place, "name", clean_text(key)
+            yield from invalid_text_locations(item, place)
+    elif isinstance(value, (list, tuple)):
+        for index, item in enumerate(value):
+            yield from invalid_text_locations(item, (*where, index))

@@ -1,0 +1,35 @@
+// The job view's header and the tab's title: the run's name, id, phase badge and
+// latest message (a queued run's place in the queue).
+
+import * as fmt from "./format.js";
+
+/**
+ * The phase a run is in: from its own stream, else from the server's job list
+ * (before the stream has said anything); "" when neither knows yet.
+ */
+export function phaseOf(feed, jobs) {
+  const status = feed.status || jobs.statusOf(feed.jobId);
+  return feed.phase || (status && status.phase) || "";
+}
+
+/** Draw the header under `root` for `feed` (a JobFeed) with names from `jobs` (a JobsIndex). */
+export function renderHeader(root, feed, jobs) {
+  const status = feed.status || jobs.statusOf(feed.jobId);
+  const phase = phaseOf(feed, jobs);
+  root.querySelector("#job-title").textContent = jobs.displayName(feed.jobId);
+  root.querySelector("#job-id").textContent = feed.jobId;
+  const badge = root.querySelector("#job-phase");
+  badge.dataset.phase = phase;
+  badge.textContent = phase ? fmt.phaseLabel(phase) : "…";
+  let message = status ? status.message : "";
+  const listed = jobs.statusOf(feed.jobId);
+  const position = listed && listed.phase === "idle" && listed.details ? listed.details.queue_position : null;
+  if (phase === "idle" && position) message = `Waiting in the queue: position ${position}`;
+  root.querySelector("#job-message").textContent = message;
+  root.dataset.phase = phase;
+
+  // The tab's title tells how a run is doing while the page is in the background.
+  const name = jobs.shortName(feed.jobId);
+  const done = phase === "training" && feed.latest ? `${Math.floor(feed.latest.progress_percent)}% · ` : "";
+  document.title = phase ? `${done}${name} (${fmt.phaseLabel(phase).toLowerCase()}) · finetune-studio` : "finetune-studio";
+}

@@ -1,0 +1,96 @@
+// JobsIndex: the server's job list (polled from /train/jobs), and the model and
+// label of every job this browser has seen (in localStorage: later statuses no
+// longer carry them, so a finished run keeps its name).
+
+import { api, ApiError } from "./api.js";
+import { basename } from "./format.js";
+
+const POLL_MS = 2000;
+const NAMES_KEY = "finetune-studio.job-names";
+
+export class JobsIndex {
+  /** onUpdate() after each new list; onServerState("ok" | "unauthorized" | "down"). */
+  constructor({ onUpdate, onServerState }) {
+    this.list = [];
+    this.byId = new Map();
+    this.onUpdate = onUpdate;
+    this.onServerState = onServerState;
+    this.timer = null;
+    this.inFlight = null;
+    try {
+      this.names = JSON.parse(localStorage.getItem(NAMES_KEY) || "{}");
+    } catch {
+      this.names = {};
+    }
+  }
+
+  statusOf(jobId) {
+    return this.byId.get(jobId) || null;
+  }
+
+  /** Keep the model and label of a job: later statuses no longer carry them. */
+  remember(jobId, status) {
+    const details = status && status.details;
+    if (!details || this.names[jobId]) return;
+    if (!details.model_name && !details.project_name) return;
+    this.names[jobId] = { model_name: details.model_name || "", project_name: details.project_name || "" };
+    try {
+      localStorage.setItem(NAMES_KEY, JSON.stringify(this.names));
+    } catch {
+      // storage blocked
+    }
+  }
+
+  meta(jobId) {
+    const listed = this.byId.get(jobId);
+    const details = (listed && listed.details) || {};
+    const known = this.names[jobId] || {};
+    return {
+      model_name: details.model_name || known.model_name || "",
+      project_name: details.project_name || known.project_name || "",
+    };
+  }
+
+  shortName(jobId) {
+    const { model_name, project_name } = this.meta(jobId);
+    return project_name || basename(model_name) || jobId.slice(0, 6);
+  }
+
+  displayName(jobId, unknown = `Job ${jobId}`) {
+    const { model_name, project_name } = this.meta(jobId);
+    if (project_name && model_name) return `${project_name} · ${basename(model_name)}`;
+    return project_name || basename(model_name) || unknown;
+  }
+
+  async refresh() {
+    if (this.inFlight) return this.inFlight;
+    this.inFlight = (async () => {
+      try {
+        const answer = await api("train/jobs");
+        this.list = answer.data;
+        this.byId = new Map(this.list.map((s) => [s.job_id, s]));
+        for (const status of this.list) this.remember(status.job_id, status);
+        this.onServerState("ok");
+        this.onUpdate();
+      } catch (error) {
+        this.onServerState(error instanceof ApiError && error.status === 401 ? "unauthorized" : "down");
+      } finally {
+        this.inFlight = null;
+      }
+    })();
+    return this.inFlight;
+  }
+
+  refreshSoon() {
+    clearTimeout(this.soon);
+    this.soon = setTimeout(() => this.refresh(), 150);
+  }
+
+  poll() {
+    const tick = async () => {
+      if (!document.hidden) await this.refresh();
+      this.timer = setTimeout(tick, POLL_MS);
+    };
+    tick();
+  }
+}

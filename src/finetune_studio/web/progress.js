@@ -1,0 +1,40 @@
+// The progress bar and the stat tiles under the timeline: step, percent done,
+// elapsed, ETA, loss, learning rate, epoch and tokens of the latest progress event.
+
+import * as fmt from "./format.js";
+
+export class ProgressTiles {
+  constructor(root) {
+    this.root = root;
+    this.bar = root.querySelector("#progress");
+    this.fill = root.querySelector("#progress-fill");
+    this.shownFeed = null; // the feed whose history the bar has already jumped to
+  }
+
+  /** Draw the latest progress of `feed` (a JobFeed). */
+  render(feed) {
+    const p = feed.latest;
+    const phase = feed.phase;
+    const done = phase === "completed";
+    const percent = done ? 100 : p ? Math.max(0, Math.min(100, p.progress_percent)) : 0;
+    this.bar.setAttribute("aria-valuenow", String(Math.round(percent)));
+    this.bar.dataset.phase = phase || "";
+    // Animate steps as they stream in, not the jump to where a run already is.
+    const jump = this.shownFeed !== feed || !feed.historyLoaded || feed.eventCount === feed.historyCount;
+    this.shownFeed = feed.historyLoaded ? feed : null;
+    this.fill.classList.toggle("no-anim", jump);
+    this.fill.style.transform = `scaleX(${percent / 100})`;
+    const set = (id, text) => {
+      const el = this.root.querySelector(id);
+      if (el.textContent !== text) el.textContent = text;
+    };
+    set("#s-step", p ? `${fmt.integer(p.step)} / ${fmt.integer(p.total_steps)}` : "–");
+    set("#s-percent", p ? fmt.percent(percent) : "–");
+    set("#s-elapsed", p ? fmt.duration(p.elapsed_seconds) : "–");
+    set("#s-eta", fmt.TERMINAL.has(phase) ? (done ? "done" : "–") : p ? fmt.duration(p.eta_seconds) : "–");
+    set("#s-loss", p ? fmt.metric(p.loss) : "–");
+    set("#s-lr", p ? fmt.rate(p.learning_rate) : "–");
+    set("#s-epoch", p && p.epoch != null ? p.epoch.toFixed(2) : "–");
+    set("#s-tokens", p && p.num_tokens != null ? fmt.integer(p.num_tokens) : "–");
+  }
+}
