@@ -8,6 +8,7 @@ import re
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -84,9 +85,7 @@ def test_train_starts_a_server_when_none_answers_and_stops_it_after(tmp_path: Pa
     assert summary["steps"] == 3 and summary["saved_to"] == str(data_dir / "jobs" / summary["job_id"] / "adapter")
     assert (data_dir / "studio.db").is_file() and (data_dir / "server.log").is_file()
 
-    # The server it started is gone (its parent is gone too, so it may linger as a zombie until reaped).
-    wait_for(lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE,
-             timeout=60, what="the started server to exit")
+    wait_for(lambda: gone(pid), timeout=60, what="the started server to exit")
     with pytest.raises(httpx.TransportError):
         httpx.get(f"http://127.0.0.1:{port}/health", timeout=2)
 
@@ -113,15 +112,41 @@ def test_with_no_start_server_nothing_answering_is_refused() -> None:
     assert "nothing answers at http://127.0.0.1:" in done.stderr and "--no-start-server was given" in done.stderr
 
 
-def test_detach_then_watch_ctrl_c_stop_status_and_jobs(server: ServerProcess, tiny_model: Path) -> None:
+def gone(pid: int) -> bool:
+    """Exited (its parent is gone, so it may linger as a zombie until init reaps it)."""
+    try:
+        return bool(psutil.Process(pid).status() == psutil.STATUS_ZOMBIE)
+    except psutil.NoSuchProcess:
+        return True
+
+
+@pytest.fixture
+def left_running() -> Iterator[list[int]]:
+    """Pids of servers that a command left running (--detach): stopped at teardown."""
+    pids: list[int] = []
+    yield pids
+    for pid in pids:
+        if not gone(pid):
+            os.kill(pid, signal.SIGTERM)
+            wait_for(lambda pid=pid: gone(pid), timeout=60, what=f"the server {pid} to exit")
+
+
+def test_detach_then_watch_ctrl_c_stop_status_and_jobs(tmp_path: Path, tiny_model: Path, left_running: list[int]) -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    data_dir = tmp_path / "detached-data"
     queued = run_cli("train", "--model", str(tiny_model), "--data", str(DEMO_DATA), "--max-steps", "500", *TINY_JOB,
-                     "--server", server.url, "--detach")
+                     "--server", url, "--data-dir", str(data_dir), "--detach")
+    kept = re.search(rf"the server at {url} keeps running \(pid (\d+), log {data_dir / 'server.log'}\); stop it with `kill \d+`",
+                     queued.stderr)
+    assert kept, queued.stderr
+    left_running.append(int(kept.group(1)))
     assert queued.returncode == 0, queued.stderr
-    job_id = queued.stdout.strip()  # --detach prints the id alone
+    job_id = queued.stdout.strip()  # --detach prints the id alone; every note goes to stderr
     assert re.fullmatch(r"\w+", job_id) and f"finetune-studio watch {job_id}" in queued.stderr
+    assert httpx.get(f"{url}/health", timeout=5).status_code == 200  # it outlived the command
 
     # watch, with stdin not a terminal: Ctrl-C leaves the job running, and says so.
-    watch = subprocess.Popen([*command(), "watch", job_id, "--server", server.url], stdin=subprocess.DEVNULL,
+    watch = subprocess.Popen([*command(), "watch", job_id, "--server", url], stdin=subprocess.DEVNULL,
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=cli_env(), cwd=REPO)
     seen: list[str] = []
 
@@ -142,23 +167,23 @@ def test_detach_then_watch_ctrl_c_stop_status_and_jobs(server: ServerProcess, ti
     assert watch.returncode == 130
     assert "stdin is not a terminal" in rest and f"left job {job_id} running" in rest
 
-    jobs = run_cli("jobs", "--server", server.url)
+    jobs = run_cli("jobs", "--server", url)
     assert jobs.returncode == 0
     header, row = jobs.stdout.splitlines()
     assert header == "id\tphase\tmodel\tstep\tmessage"
     assert row.startswith(f"{job_id}\ttraining\t{tiny_model}\t") and row.endswith("/500\tTraining for 500 steps")
 
-    stop = run_cli("stop", job_id, "--server", server.url)
+    stop = run_cli("stop", job_id, "--server", url)
     assert stop.returncode == 0 and "Stop requested" in stop.stdout
 
     def stopped() -> Any:
-        status = run_cli("status", job_id, "--server", server.url, "--output-json")
+        status = run_cli("status", job_id, "--server", url, "--output-json")
         return json.loads(status.stdout)["phase"] == "stopped"
 
     wait_for(stopped, timeout=120, interval=0.5, what="the job to stop")
-    status = run_cli("status", job_id, "--server", server.url)
+    status = run_cli("status", job_id, "--server", url)
     lines = status.stdout.splitlines()
     assert lines[0] == f"job {job_id}" and lines[1].startswith("  [stopped] Stopped at step ")
-    assert f"saved in: {server.data_dir / 'jobs' / job_id / 'adapter'}" in status.stdout
-    again = run_cli("stop", job_id, "--server", server.url)
+    assert f"saved in: {data_dir / 'jobs' / job_id / 'adapter'}" in status.stdout
+    again = run_cli("stop", job_id, "--server", url)
     assert again.returncode == 2 and "409" in again.stderr and "already ended in stopped" in again.stderr

@@ -23,6 +23,7 @@ import httpx
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
 
 from finetune_studio.api.app import create_app
 from finetune_studio.config import Settings
@@ -46,6 +47,54 @@ def fuzzed_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServ
 
 # The schema as the app publishes it at /openapi.json (building the app starts nothing).
 schema = schemathesis.openapi.from_dict(create_app(Settings(data_dir=Path("/nonexistent"))).openapi())
+
+# What schemathesis never generates by itself: text that is not valid Unicode (a lone
+# surrogate: its strings leave out category Cs, which cannot be encoded as UTF-8, but
+# JSON carries it as an escape), huge strings, and numbers past any integer type.
+HOSTILE_TEXT = ["\ud800", "x\udfffy", "\udcff.jsonl", "a" * 200_000, "\ud800" * 5000, "1e999", "9" * 400]
+HOSTILE_NUMBERS = [10**30, -(10**30), 2**63, 2**64, 1e308, -1e308]
+
+
+def _places(value: Any, where: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    """The location of every string and number in a JSON value, dict keys included
+    (as ("key", name)) and the value itself."""
+    places = [where]
+    if isinstance(value, dict):
+        for key, item in value.items():
+            places.append((*where, ("key", key)))
+            places.extend(_places(item, (*where, key)))
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            places.extend(_places(item, (*where, index)))
+    return places
+
+
+def _replaced(value: Any, where: tuple[Any, ...], new: Any) -> Any:
+    """A copy of value with the item (or the dict key) at where replaced by new."""
+    if not where:
+        return new
+    head, rest = where[0], where[1:]
+    if isinstance(head, tuple) and not rest:  # a dict key: rename it
+        return {(new if key == head[1] and isinstance(new, str) else key): item for key, item in value.items()}
+    copy = dict(value) if isinstance(value, dict) else list(value)
+    copy[head] = _replaced(value[head], rest, new)
+    return copy
+
+
+@schema.hook
+def flatmap_body(context: Any, body: Any) -> st.SearchStrategy[Any]:
+    """The generated body (one time in three), or the body with one string, key or
+    number made hostile, or with an extra field of a hostile name or value."""
+    if body is None:
+        return st.just(body)
+    places = _places(body)
+    hostile = st.sampled_from(HOSTILE_TEXT + HOSTILE_NUMBERS)
+    replaced = st.tuples(st.sampled_from(places), hostile).map(lambda pair: _replaced(body, *pair))
+    options = [st.just(body), replaced, replaced]  # hostile two times in three
+    if isinstance(body, dict):
+        extra = st.tuples(st.sampled_from(HOSTILE_TEXT[:3] + ["extra"]), hostile)
+        options[1] = extra.map(lambda pair: {**body, pair[0]: pair[1]})
+    return st.one_of(options)
 
 
 @schema.parametrize()

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Optional, get_args
+from typing import IO, Any, Optional, cast, get_args
 
 import pytest
 from rich.console import Console
@@ -307,6 +307,20 @@ def test_the_question_on_a_terminal(reply: str, answer: Answer) -> None:
     out = io.StringIO()
     assert ask_on_terminal("Stop job j1? [y/N] ", FakeTerminal(reply), out) == answer
     assert out.getvalue().startswith("Stop job j1? [y/N] ")
+
+
+class InterruptedTerminal:
+    """A terminal where the user presses Ctrl-C again instead of answering."""
+
+    def isatty(self) -> bool:
+        return True
+
+    def readline(self) -> str:
+        raise KeyboardInterrupt
+
+
+def test_a_second_ctrl_c_at_the_question_leaves_the_job_running() -> None:
+    assert ask_on_terminal("Stop job j1? [y/N] ", cast(IO[str], InterruptedTerminal()), io.StringIO()) == "leave"
 
 
 def test_without_a_terminal_ctrl_c_leaves_the_job_running_and_says_why() -> None:

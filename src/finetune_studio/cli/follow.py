@@ -6,16 +6,20 @@ following until the job ends `stopped`; no keeps following; a second Ctrl-C at
 the question (or a Ctrl-C with no terminal to ask on) leaves the job running and
 returns at once. After a question the stream resumes from the last event shown,
 so no event is lost or shown twice.
+
+`report` then says how the job ended and gives the exit status that `train` and
+`watch` share (the EXIT_ constants).
 """
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import IO, Any, Callable, Literal, Optional
+from typing import IO, Any, Literal, Optional
 
 from finetune_studio.cli.client import StudioClient, StudioError
-from finetune_studio.cli.progress import AnyView
+from finetune_studio.cli.progress import AnyView, JsonLinesView
 
 Answer = Literal["stop", "follow", "leave"]
 Ask = Callable[[str], Answer]
@@ -112,6 +116,40 @@ def follow(client: StudioClient, job_id: str, view: AnyView, ask: Ask, notify: C
                 view.close()
                 notify(f"left job {job_id} running; `finetune-studio stop {job_id}` stops it")
                 return outcome
+
+
+class Notes:
+    """Notes for the user: on stdout, except where stdout is for a script (JSON lines, or --detach's job id)."""
+
+    def __init__(self, stdout: IO[str], stderr: IO[str], stdout_for_scripts: bool) -> None:
+        self.out = stderr if stdout_for_scripts else stdout
+        self.err = stderr
+
+    def say(self, text: str) -> None:
+        self.out.write(text + "\n")
+        self.out.flush()
+
+    def error(self, text: str) -> None:
+        self.err.write(f"error: {text}\n")
+        self.err.flush()
+
+
+def report(outcome: Outcome, view: AnyView, notes: Notes) -> int:
+    """The last word on a followed job (the summary line under --output-json), and the exit status."""
+    if isinstance(view, JsonLinesView):
+        view.write(outcome.summary())
+    if outcome.left_running:
+        return outcome.exit_code
+    if outcome.phase == "completed":
+        saved = f"; saved in {outcome.saved_to}" if outcome.saved_to else ""
+        notes.say(f"job {outcome.job_id} completed{saved}")
+    elif outcome.phase == "stopped":
+        notes.err.write(f"job {outcome.job_id} stopped: {(outcome.status or {}).get('message')}\n")
+    else:
+        status = outcome.status or {}
+        code = outcome.details.get("error_code")
+        notes.error(f"job {outcome.job_id} ended in error{f' ({code})' if code else ''}: {status.get('error') or status.get('message')}")
+    return outcome.exit_code
 
 
 def ask_on_terminal(question: str, stdin: IO[str] = sys.stdin, out: IO[str] = sys.stderr) -> Answer:

@@ -20,9 +20,12 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Optional
+from typing import Optional, TypeVar
 
 import httpx
+
+# Subclasses (the tests' ServerProcess) get their own type back from start().
+_Server = TypeVar("_Server", bound="LocalServer")
 
 
 def free_port() -> int:
@@ -62,7 +65,7 @@ class LocalServer:
     def pid(self) -> Optional[int]:
         return self._pid
 
-    def start(self, timeout: float = 20.0, poll_interval: float = 0.05) -> LocalServer:
+    def start(self: _Server, timeout: float = 20.0, poll_interval: float = 0.05) -> _Server:
         """Start the server and return once it answers /health."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
         argv = [sys.executable, "-m", "finetune_studio.cli.main", "serve", "--port", str(self.port),
@@ -72,7 +75,8 @@ class LocalServer:
             self._pid = _spawn_in_own_session(argv, self.env, self.log_path)
         else:
             with open(self.log_path, "ab") as log:
-                self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=self.env)
+                # argv is this package's own `serve` command; no shell is involved.
+                self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=self.env)  # noqa: S603
             self._pid = self.process.pid
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -112,7 +116,8 @@ class LocalServer:
             self.kill()
 
     def kill(self) -> None:
-        assert self._pid is not None
+        if self._pid is None:
+            raise RuntimeError("the server was never started")
         if self.poll() is None:
             os.kill(self._pid, signal.SIGKILL)
         self._wait(None)
@@ -132,7 +137,7 @@ class LocalServer:
             time.sleep(0.05)
         return True
 
-    def restart(self) -> LocalServer:
+    def restart(self: _Server) -> _Server:
         """Stop, then start again on a new port with the same data."""
         self.stop()
         self.port = free_port()
@@ -144,7 +149,7 @@ class LocalServer:
         except OSError:
             return "(no log)"
 
-    def __enter__(self) -> LocalServer:
+    def __enter__(self: _Server) -> _Server:
         return self.start()
 
     def __exit__(self, kind: Optional[type[BaseException]], error: Optional[BaseException], trace: Optional[TracebackType]) -> None:

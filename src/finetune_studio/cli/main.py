@@ -7,9 +7,9 @@ import contextlib
 import gc
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 # Each command imports what it needs when it runs: `serve` must start fast, and the
 # client's httpx and the progress view's rich would cost it a quarter of a second.
@@ -116,22 +116,18 @@ def _train(args: argparse.Namespace) -> int:
 
 def _watch(args: argparse.Namespace) -> int:
     from finetune_studio.cli.client import StudioClient, StudioError
-    from finetune_studio.cli.follow import EXIT_FAILED, EXIT_REFUSED, ask_on_terminal, follow
-    from finetune_studio.cli.progress import JsonLinesView, make_view
+    from finetune_studio.cli.follow import EXIT_FAILED, EXIT_REFUSED, Notes, ask_on_terminal, follow, report
+    from finetune_studio.cli.progress import make_view
 
-    def say(text: str) -> None:
-        print(text, file=sys.stderr if args.output_json else sys.stdout, flush=True)
-
+    notes = Notes(sys.stdout, sys.stderr, stdout_for_scripts=args.output_json)
     view = make_view(sys.stdout, output_json=args.output_json)
     with StudioClient(args.server, token=args.token) as client:
         try:
-            outcome = follow(client, args.job_id, view, ask_on_terminal, say)
+            outcome = follow(client, args.job_id, view, ask_on_terminal, notes.say)
         except StudioError as exc:
-            print(f"error: {exc}", file=sys.stderr)
+            notes.error(str(exc))
             return EXIT_REFUSED if exc.status_code is not None else EXIT_FAILED
-    if isinstance(view, JsonLinesView):
-        view.write(outcome.summary())
-    return outcome.exit_code
+    return report(outcome, view, notes)
 
 
 def _client_command(run: Callable[..., int]) -> Callable[[argparse.Namespace], int]:

@@ -19,8 +19,8 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from collections.abc import Iterator
-from typing import IO, TYPE_CHECKING, Any, Callable, Optional, Protocol, Union
+from collections.abc import Callable, Iterator
+from typing import IO, TYPE_CHECKING, Any, Optional, Protocol, Union
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TaskProgressColumn, TextColumn

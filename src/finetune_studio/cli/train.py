@@ -24,9 +24,17 @@ from typing import IO, Any, Optional
 from urllib.parse import urlsplit
 
 from finetune_studio.cli.client import StudioClient, StudioError
-from finetune_studio.cli.follow import EXIT_FAILED, EXIT_LEFT_RUNNING, EXIT_REFUSED, Outcome, ask_on_terminal, follow
+from finetune_studio.cli.follow import (
+    EXIT_FAILED,
+    EXIT_LEFT_RUNNING,
+    EXIT_REFUSED,
+    Notes,
+    ask_on_terminal,
+    follow,
+    report,
+)
 from finetune_studio.cli.local_server import LocalServer
-from finetune_studio.cli.progress import JsonLinesView, make_view
+from finetune_studio.cli.progress import make_view
 
 DEFAULT_SERVER = "http://127.0.0.1:8000"
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
@@ -101,22 +109,6 @@ def build_request(args: argparse.Namespace, *, cpu: bool) -> dict[str, Any]:
     return request
 
 
-class _Notes:
-    """Notes for the user: on stdout, except under --output-json, where stdout carries only JSON."""
-
-    def __init__(self, stdout: IO[str], stderr: IO[str], output_json: bool) -> None:
-        self.out = stderr if output_json else stdout
-        self.err = stderr
-
-    def say(self, text: str) -> None:
-        self.out.write(text + "\n")
-        self.out.flush()
-
-    def error(self, text: str) -> None:
-        self.err.write(f"error: {text}\n")
-        self.err.flush()
-
-
 def _data_dir(args: argparse.Namespace) -> Path:
     if args.data_dir:
         return Path(args.data_dir).expanduser().resolve()
@@ -125,11 +117,9 @@ def _data_dir(args: argparse.Namespace) -> Path:
     return get_settings().data_dir
 
 
-def _start_server(args: argparse.Namespace, client: StudioClient, notes: _Notes) -> Optional[LocalServer]:
-    """Start a server at --server, or None when one answered there meanwhile (another command started it)."""
-    port = urlsplit(args.server).port
-    assert port is not None
-    server = LocalServer(_data_dir(args), port=port, log_level="info", detached=True)
+def _start_server(args: argparse.Namespace, client: StudioClient, notes: Notes) -> Optional[LocalServer]:
+    """Start a server at --server (a URL `may_start_server` allows), or None when one answered there meanwhile."""
+    server = LocalServer(_data_dir(args), port=urlsplit(args.server).port, log_level="info", detached=True)
     notes.say(f"nothing answers at {args.server}; starting a server there (data in {server.data_dir}) ...")
     try:
         server.start(timeout=SERVER_START_SECONDS)
@@ -147,29 +137,13 @@ def _describe_kept(server: LocalServer) -> str:
     )
 
 
-def _finish(outcome: Outcome, view_json: Optional[JsonLinesView], notes: _Notes) -> int:
-    if view_json is not None:
-        view_json.write(outcome.summary())
-    if outcome.left_running:
-        return outcome.exit_code
-    if outcome.phase == "completed":
-        saved = f"; saved in {outcome.saved_to}" if outcome.saved_to else ""
-        notes.say(f"job {outcome.job_id} completed{saved}")
-    else:
-        status = outcome.status or {}
-        code = outcome.details.get("error_code")
-        reason = status.get("error") or status.get("message")
-        notes.error(f"job {outcome.job_id} ended in {outcome.phase}{f' ({code})' if code else ''}: {reason}")
-    return outcome.exit_code
-
-
 def _exit_on_signal(signum: int, frame: Optional[FrameType]) -> None:
     # SIGTERM or a closed terminal: unwind, so that a server this command started is stopped.
     raise SystemExit(128 + signum)
 
 
 def run_train(args: argparse.Namespace, stdout: IO[str] = sys.stdout, stderr: IO[str] = sys.stderr) -> int:
-    notes = _Notes(stdout, stderr, args.output_json)
+    notes = Notes(stdout, stderr, stdout_for_scripts=args.output_json or args.detach)
     request = build_request(args, cpu=runs_on_cpu(args.device, args.server))
     server: Optional[LocalServer] = None
     keep_server = bool(args.detach)
@@ -211,7 +185,7 @@ def run_train(args: argparse.Namespace, stdout: IO[str] = sys.stdout, stderr: IO
             if outcome.left_running and server is not None:
                 keep_server = True
                 notes.say(_describe_kept(server))
-            return _finish(outcome, view if isinstance(view, JsonLinesView) else None, notes)
+            return report(outcome, view, notes)
         finally:
             _release(server, keep=keep_server, previous_handlers=previous_handlers)
 

@@ -146,6 +146,10 @@ class JobService:
         self._readers[job_id] = count + 1
         return True
 
+    def readers(self, job_id: str) -> int:
+        """The job's open streams."""
+        return self._readers.get(job_id, 0)
+
     def close_reader(self, job_id: str) -> None:
         count = self._readers.get(job_id, 0) - 1
         if count > 0:

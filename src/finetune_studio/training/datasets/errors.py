@@ -11,13 +11,23 @@
 
 Inside the package, converters raise `RowProblem` with only the problem; the loader
 adds the source and the location.
+
+A message quotes what it found in the data (column names, values, a parser's
+words) through `quote`, `names` and `first_line`, which keep an excerpt of each and
+say how long it was: a 3 MB column name must not become a 3 MB error (it is copied
+into the job's status, its stream and every polling answer). `DatasetError` cuts
+whatever it is given to MAX_PROBLEM_CHARS as well. A row nested deeper than
+Python's parser goes (about 1,000 levels) is reported as NESTED_TOO_DEEPLY at its
+line, like any other bad row.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Final
 
+from finetune_studio.bounds import excerpt
 from finetune_studio.training.channel import JobFailure
 
 DATASET_INVALID: Final = "dataset_invalid"
@@ -25,6 +35,16 @@ DATASET_NOT_FOUND: Final = "dataset_not_found"
 CONFIG_INVALID: Final = "config_invalid"
 
 HUB_UNREACHABLE = "cannot reach the Hugging Face hub; name a local folder or file"
+NESTED_TOO_DEEPLY = (
+    "nested too deeply (lists or objects inside each other past what the JSON parser reads, about 1,000 levels);"
+    " a row holds text, or a list of turns"
+)
+
+# What a message quotes of a value from the data, and how many names it lists.
+QUOTE_CHARS = 80
+NAMES_SHOWN = 20
+MAX_PROBLEM_CHARS = 2_000
+MAX_SOURCE_CHARS = 500
 
 
 class DatasetError(JobFailure):
@@ -36,7 +56,9 @@ class DatasetError(JobFailure):
     """
 
     def __init__(self, source: str | Path, where: str, problem: str) -> None:
-        location = f"{source}, {where}" if where else str(source)
+        problem = excerpt(problem, MAX_PROBLEM_CHARS)
+        shown = excerpt(str(source), MAX_SOURCE_CHARS)
+        location = f"{shown}, {where}" if where else shown
         super().__init__(DATASET_INVALID, f"{location}: {problem}")
         self.source = str(source)
         self.where = where
@@ -68,5 +90,30 @@ def kind_of(value: Any) -> str:
 
 
 def first_line(exc: BaseException) -> str:
+    """The first line of an exception's text (an excerpt), or its type's name."""
     text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+    return excerpt(text.splitlines()[0], 4 * QUOTE_CHARS) if text else type(exc).__name__
+
+
+def quote(value: Any) -> str:
+    """A value from the data as a message shows it: a string quoted (an excerpt of
+    QUOTE_CHARS characters, saying how long it was), a number or true/false/null as
+    it is, anything else by its kind ("a list")."""
+    if isinstance(value, str):
+        if len(value) <= QUOTE_CHARS:
+            return repr(value)
+        return f"{value[:QUOTE_CHARS]!r}... ({len(value):,} characters)"
+    if value is None or isinstance(value, (bool, int, float)):
+        return repr(value)
+    return kind_of(value)
+
+
+def names(values: Iterable[Any], *, quoted: bool = False) -> str:
+    """Column or key names as a list for a message: "a, b, c" (or "'a', 'b'"), at most
+    NAMES_SHOWN of them, each an excerpt; "" for none."""
+    items = list(values)
+    shown = [
+        quote(name) if quoted else excerpt(str(name), QUOTE_CHARS) for name in items[:NAMES_SHOWN]
+    ]
+    more = f" and {len(items) - NAMES_SHOWN:,} more" if len(items) > NAMES_SHOWN else ""
+    return ", ".join(shown) + more

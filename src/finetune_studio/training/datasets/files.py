@@ -32,7 +32,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from finetune_studio.training.datasets.errors import DatasetError, first_line, kind_of
+from finetune_studio.training.datasets.errors import NESTED_TOO_DEEPLY, DatasetError, first_line, kind_of, names, quote
 
 Record = tuple[str, Any]
 
@@ -109,6 +109,8 @@ def _jsonl_records(path: Path, text: str) -> Iterator[Record]:
             if line.strip() in ("{", "[") or (number == 1 and line.lstrip().startswith("[")):
                 hint = "; the file looks like one JSON document: name it .json"
             raise DatasetError(path, f"line {number}", f"bad JSON ({exc.msg} at column {exc.colno}){hint}") from None
+        except RecursionError:
+            raise DatasetError(path, f"line {number}", NESTED_TOO_DEEPLY) from None
         if not isinstance(value, dict):
             document = isinstance(value, list) and number == 1 and all(isinstance(item, dict) for item in value)
             hint = "; the file looks like one JSON document: name it .json" if document else ""
@@ -122,6 +124,15 @@ def _jsonl_records(path: Path, text: str) -> Iterator[Record]:
 
 
 def _json_records(path: Path, text: str) -> Iterator[Record]:
+    lines = _LineIndex(text)
+    try:
+        yield from _json_rows(path, text, lines)
+    except _NestedTooDeeply as deep:
+        where = f"line {lines.line_of(deep.offset)}" + (f" (row {deep.row})" if deep.row is not None else "")
+        raise DatasetError(path, where, NESTED_TOO_DEEPLY) from None
+
+
+def _json_rows(path: Path, text: str, lines: _LineIndex) -> Iterator[Record]:
     try:
         document = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -129,6 +140,10 @@ def _json_records(path: Path, text: str) -> Iterator[Record]:
         if exc.msg == "Extra data":
             hint = "; the file looks like JSON Lines (one object per line): name it .jsonl"
         raise DatasetError(path, f"line {exc.lineno}", f"bad JSON ({exc.msg} at column {exc.colno}){hint}") from None
+    except RecursionError:
+        # Somewhere a value is nested too deeply: read the rows one by one to find its row.
+        yield from _json_rows_around_depth(path, text, lines)
+        raise DatasetError(path, "", NESTED_TOO_DEEPLY) from None  # not inside a row: the layout itself
 
     if isinstance(document, list):
         array_at = _skip_space(text, 0)
@@ -137,15 +152,38 @@ def _json_records(path: Path, text: str) -> Iterator[Record]:
     else:
         found = kind_of(document)
         if isinstance(document, dict):
-            found += f" with the keys {', '.join(map(repr, document)) or '(none)'}"
+            found += f" with the keys {names(document, quoted=True) or '(none)'}"
         raise DatasetError(path, "", f'a .json dataset must be a list of rows, or {{"data": [rows]}}; found {found}')
+    yield from _rows_of(path, text, array_at, lines)
 
-    lines = _LineIndex(text)
+
+def _json_rows_around_depth(path: Path, text: str, lines: _LineIndex) -> Iterator[Record]:
+    """The rows of a document json.loads gave up on, as far as they read: the row
+    nested too deeply raises `_NestedTooDeeply` where it starts."""
+    start = _skip_space(text, 0)
+    if text.startswith("[", start):
+        yield from _rows_of(path, text, start, lines)
+    elif text.startswith("{", start):
+        array_at = _value_offset(text, "data")
+        if array_at >= 0 and text.startswith("[", array_at):
+            yield from _rows_of(path, text, array_at, lines)
+
+
+def _rows_of(path: Path, text: str, array_at: int, lines: _LineIndex) -> Iterator[Record]:
     for index, (offset, value) in enumerate(_array_items(text, array_at)):
         where = f"line {lines.line_of(offset)} (row {index})"
         if not isinstance(value, dict):
             raise DatasetError(path, where, f"each row must be a JSON object, found {kind_of(value)}")
         yield where, value
+
+
+class _NestedTooDeeply(Exception):
+    """A value at `offset` (the `row`-th item of the rows, if it is one) is nested past the parser's depth."""
+
+    def __init__(self, offset: int, row: int | None) -> None:
+        super().__init__(offset, row)
+        self.offset = offset
+        self.row = row
 
 
 class _LineIndex:
@@ -167,12 +205,18 @@ def _skip_space(text: str, at: int) -> int:
 
 
 def _array_items(text: str, at: int) -> Iterator[tuple[int, Any]]:
-    """(offset, value) of each item of the JSON array at `at`; the text is known to be valid JSON."""
+    """(offset, value) of each item of the JSON array at `at`; the text is known to be
+    valid JSON as far as the parser's depth allows."""
     decoder = json.JSONDecoder()
     at = _skip_space(text, at + 1)  # past "["
+    index = 0
     while text[at] != "]":
-        value, end = decoder.raw_decode(text, at)
+        try:
+            value, end = decoder.raw_decode(text, at)
+        except RecursionError:
+            raise _NestedTooDeeply(at, index) from None
         yield at, value
+        index += 1
         at = _skip_space(text, end)
         if text[at] == ",":
             at = _skip_space(text, at + 1)
@@ -188,7 +232,12 @@ def _value_offset(text: str, key: str) -> int:
         at = _skip_space(text, _skip_space(text, at) + 1)  # past ":"
         if name == key:
             found = at
-        _, at = decoder.raw_decode(text, at)
+        try:
+            _, at = decoder.raw_decode(text, at)
+        except RecursionError:
+            if name == key:
+                return found  # its rows, read one by one, say which is too deep
+            raise _NestedTooDeeply(at, None) from None
         at = _skip_space(text, at)
         if text[at] == ",":
             at = _skip_space(text, at + 1)
@@ -218,14 +267,14 @@ def _csv_records(path: Path, text: str) -> Iterator[Record]:
             seen: set[str] = set()
             for name in header:
                 if name in seen:
-                    raise DatasetError(path, f"line {start}", f"the header names the column {name!r} twice")
+                    raise DatasetError(path, f"line {start}", f"the header names the column {quote(name)} twice")
                 seen.add(name)
             continue
         if len(cells) != len(header):
             raise DatasetError(
                 path,
                 f"line {start}",
-                f"has {len(cells)} fields but the header has {len(header)} ({', '.join(header)});"
+                f"has {len(cells)} fields but the header has {len(header)} ({names(header)});"
                 " quote fields that contain commas",
             )
         yield f"line {start}", dict(zip(header, cells))

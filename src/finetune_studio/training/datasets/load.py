@@ -22,7 +22,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from finetune_studio.training.datasets.errors import DATASET_INVALID, DatasetError, RowProblem, config_error
+from finetune_studio.training.datasets.errors import (
+    DATASET_INVALID,
+    NESTED_TOO_DEEPLY,
+    DatasetError,
+    RowProblem,
+    config_error,
+)
 from finetune_studio.training.datasets.files import TEXT_SUFFIX, Record, read_records
 from finetune_studio.training.datasets.hub import HubSplit, open_hf_dataset
 from finetune_studio.training.datasets.shapes import (
@@ -33,6 +39,7 @@ from finetune_studio.training.datasets.shapes import (
     mapping_converter,
     undetectable,
 )
+from finetune_studio.text import invalid_text_locations
 from finetune_studio.training.channel import JobFailure
 
 if TYPE_CHECKING:
@@ -168,12 +175,20 @@ class _Reader:
         count = 0
         rows = self.data.rows
         for where, record in records:
-            if convert is None:
-                convert = self._choose(source, where, record, is_text)
             try:
+                for place, _, _ in invalid_text_locations(record):
+                    # Only JSON can carry it (an escaped lone surrogate); no tokenizer can read it.
+                    raise DatasetError(
+                        source, where, f"{'.'.join(str(part) for part in place)!r} holds text that is not valid Unicode"
+                        " (a lone UTF-16 surrogate, \\ud800-\\udfff, escaped in the JSON); fix or remove it",
+                    )
+                if convert is None:
+                    convert = self._choose(source, where, record, is_text)
                 rows.append(convert(record))
             except RowProblem as problem:
                 raise DatasetError(source, where, problem.problem) from None
+            except RecursionError:  # nesting past what Python's parser (or a check of every value) goes through
+                raise DatasetError(source, where, NESTED_TOO_DEEPLY) from None
             count += 1
         if count == 0:
             raise DatasetError(source, "", "no usable rows: it holds no records")

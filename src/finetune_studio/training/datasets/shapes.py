@@ -43,7 +43,16 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from finetune_studio.training.datasets.errors import RowProblem, config_error, kind_of
+from finetune_studio.bounds import excerpt
+from finetune_studio.training.datasets.errors import (
+    NAMES_SHOWN,
+    QUOTE_CHARS,
+    RowProblem,
+    config_error,
+    kind_of,
+    names,
+    quote,
+)
 
 Row = dict[str, Any]
 Converter = Callable[[Row], Row]
@@ -89,9 +98,10 @@ def undetectable(record: Row) -> str:
     columns = list(record)
     example = ""
     if len(columns) >= 2:
-        example = f', e.g. {{"{columns[0]}": "user", "{columns[1]}": "assistant"}}'
+        first, second = (excerpt(str(column), QUOTE_CHARS) for column in columns[:2])
+        example = f', e.g. {{"{first}": "user", "{second}": "assistant"}}'
     return (
-        f"cannot tell the dataset's shape from its columns ({', '.join(columns) or 'none'}); expected messages"
+        f"cannot tell the dataset's shape from its columns ({names(columns) or 'none'}); expected messages"
         " (chatml), conversations (sharegpt), instruction + output (alpaca) or text (raw), or set"
         f" custom_format_mapping{example}"
     )
@@ -114,7 +124,7 @@ def converter(shape: str) -> Converter:
 def _string(record: Row, key: str, *, required: bool = True) -> str:
     if key not in record:
         if required:
-            raise RowProblem(f"missing the column {key!r} (found: {', '.join(record) or 'nothing'})")
+            raise RowProblem(f"missing the column {key!r} (found: {names(record) or 'nothing'})")
         return ""
     value = record[key]
     if value is None:
@@ -160,7 +170,7 @@ def _maybe_json(value: Any) -> Any:
 def _conversation(record: Row, shape: str) -> Row:
     column = next((c for c in _LIST_COLUMNS[shape] if c in record), None)
     if column is None:
-        raise RowProblem(f"missing the column {_LIST_COLUMNS[shape][0]!r} (found: {', '.join(record) or 'nothing'})")
+        raise RowProblem(f"missing the column {_LIST_COLUMNS[shape][0]!r} (found: {names(record) or 'nothing'})")
     turns = _maybe_json(record[column])
     if isinstance(turns, str):
         raise RowProblem(f"{column!r} must be a list of turns; found text that is not a JSON list")
@@ -180,10 +190,10 @@ def _conversation(record: Row, shape: str) -> Row:
                 raise RowProblem(
                     f"{at} has {other_role!r} and {other_content!r}, the {other} shape; set format_type {other} or auto"
                 )
-            raise RowProblem(f"{at} has no {role_key!r} (found: {', '.join(turn) or 'nothing'})")
+            raise RowProblem(f"{at} has no {role_key!r} (found: {names(turn) or 'nothing'})")
         name = turn[role_key]
         if not isinstance(name, str) or name not in roles:
-            raise RowProblem(f"{at}.{role_key} is {name!r}; expected one of {', '.join(roles)}")
+            raise RowProblem(f"{at}.{role_key} is {quote(name)}; expected one of {', '.join(roles)}")
         role = roles[name]
         content = _content(turn.get(content_key), f"{at}.{content_key}")
         if role in ("user", "assistant") and not content.strip():
@@ -200,8 +210,8 @@ def _content(value: Any, at: str) -> str:
         texts = []
         for index, part in enumerate(value):
             if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
-                kind = part.get("type") if isinstance(part, dict) else kind_of(part)
-                raise RowProblem(f"{at}[{index}] is a {kind!r} part; only text parts are supported")
+                kind = quote(part.get("type")) if isinstance(part, dict) else repr(kind_of(part))
+                raise RowProblem(f"{at}[{index}] is a {kind} part; only text parts are supported")
             texts.append(part["text"])
         return "".join(texts)
     if value is None:
@@ -253,7 +263,7 @@ def mapping_converter(mapping: dict[str, str]) -> Converter:
         role = role_name.strip().lower() if isinstance(role_name, str) else role_name
         if role not in MAPPING_ROLES:
             raise config_error(
-                f"custom_format_mapping maps {column!r} to {role_name!r}; the roles are {', '.join(MAPPING_ROLES)}"
+                f"custom_format_mapping maps {quote(column)} to {quote(role_name)}; the roles are {', '.join(MAPPING_ROLES)}"
             )
         if groups and groups[-1][0] == role:
             groups[-1][1].append(column)
@@ -262,7 +272,7 @@ def mapping_converter(mapping: dict[str, str]) -> Converter:
     try:
         check_order([role for role, _ in groups], lambda i: f"{_names(groups[i][1])} ({groups[i][0]})")
     except RowProblem as problem:
-        order = ", ".join(f"{column} ({role})" for column, role in mapping.items())
+        order = names(f"{excerpt(column, QUOTE_CHARS)} ({role})" for column, role in mapping.items())
         raise config_error(f"custom_format_mapping gives the turns in the order {order}: {problem.problem}") from None
 
     def convert(record: Row) -> Row:
@@ -272,14 +282,14 @@ def mapping_converter(mapping: dict[str, str]) -> Converter:
             for column in columns:
                 if column not in record:
                     raise RowProblem(
-                        f"missing the column {column!r}, which custom_format_mapping maps to {role}"
-                        f" (found: {', '.join(record) or 'nothing'})"
+                        f"missing the column {quote(column)}, which custom_format_mapping maps to {role}"
+                        f" (found: {names(record) or 'nothing'})"
                     )
                 value = record[column]
                 if value is None:
                     continue
                 if not isinstance(value, str):
-                    raise RowProblem(f"{column!r} must be a string, found {kind_of(value)}")
+                    raise RowProblem(f"{quote(column)} must be a string, found {kind_of(value)}")
                 if value.strip():
                     parts.append(value)
             if parts:
@@ -293,4 +303,6 @@ def mapping_converter(mapping: dict[str, str]) -> Converter:
 
 
 def _names(columns: list[str]) -> str:
-    return " and ".join(repr(c) for c in columns)
+    return " and ".join(quote(c) for c in columns[:NAMES_SHOWN]) + (
+        f" and {len(columns) - NAMES_SHOWN:,} more" if len(columns) > NAMES_SHOWN else ""
+    )

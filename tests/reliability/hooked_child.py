@@ -1,0 +1,91 @@
+"""The real training child with test hooks: `python -m tests.reliability.hooked_child --job-id ID`.
+
+It runs `finetune_studio.training.child.main` unchanged, with a Channel that can
+
+- hold the child in one phase, once it has announced it, until a stop arrives
+  (`pause_in`), so that a test can stop it at an exact point; or
+- fail at the first training step, as if memory or the disk had run out (`fault`:
+  `out_of_memory` or `disk_full`), so that the classifier's real path is taken.
+
+`HookedLauncher` starts this module instead of the production child and writes the
+hooks for each job to `<output_dir>/test_hooks.json` before the child starts; a
+child whose job has no such file behaves exactly as the production one. The hooks
+live here, on the tests' side: the product knows nothing of them.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import sys
+from dataclasses import asdict, dataclass
+from typing import IO, Any, Literal, Optional
+
+from finetune_studio.supervisor.launcher import LocalProcessHandle, LocalProcessLauncher
+from finetune_studio.training.channel import Channel, StopSignal
+from finetune_studio.training.child import main
+from finetune_studio.wire import WorkerSpec
+
+HOOKED_CHILD = "tests.reliability.hooked_child"
+HOOKS_FILE = "test_hooks.json"
+# A held child waits at most this long for its stop, so a broken test cannot leave it behind.
+PAUSE_LIMIT_SECONDS = 300.0
+
+Fault = Literal["", "out_of_memory", "disk_full"]
+
+
+@dataclass(frozen=True)
+class Hooks:
+    pause_in: str = ""  # a phase: once announced, wait there until a stop arrives
+    fault: Fault = ""  # raised when the first training step reports
+
+
+class HookedChannel(Channel):
+    """A Channel that pauses after announcing one phase, or fails on the first progress report."""
+
+    def __init__(self, stream: IO[str], stop: StopSignal, hooks: Hooks) -> None:
+        super().__init__(stream, stop)
+        self.stop = stop
+        self.hooks = hooks
+
+    def status(
+        self, phase: str, message: str, *, error: Optional[str] = None, details: Optional[dict[str, Any]] = None
+    ) -> None:
+        super().status(phase, message, error=error, details=details)
+        if phase == self.hooks.pause_in:
+            print(f"test hook: holding in {phase} until a stop arrives", file=sys.stderr)
+            self.stop.wait(PAUSE_LIMIT_SECONDS)
+
+    def progress(self, **fields: Any) -> None:
+        if self.hooks.fault == "out_of_memory":
+            import torch
+
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB (injected by a test hook)")
+        if self.hooks.fault == "disk_full":
+            raise OSError(errno.ENOSPC, "No space left on device (injected by a test hook)")
+        super().progress(**fields)
+
+
+def hooked_channel(events: IO[str], stop: StopSignal, spec: WorkerSpec) -> Channel:
+    """The channel for this job: hooked when its launcher wrote hooks for it."""
+    path = spec.output_dir / HOOKS_FILE
+    if not path.is_file():
+        return Channel(events, stop)
+    return HookedChannel(events, stop, Hooks(**json.loads(path.read_text())))
+
+
+class HookedLauncher:
+    """Starts every job in this module, with the same hooks for each."""
+
+    def __init__(self, hooks: Hooks) -> None:
+        self.hooks = hooks
+        self._launcher = LocalProcessLauncher(module=HOOKED_CHILD)
+
+    async def launch(self, spec: WorkerSpec) -> LocalProcessHandle:
+        spec.output_dir.mkdir(parents=True, exist_ok=True)
+        (spec.output_dir / HOOKS_FILE).write_text(json.dumps(asdict(self.hooks)))
+        return await self._launcher.launch(spec)
+
+
+if __name__ == "__main__":
+    sys.exit(main(make_channel=hooked_channel))
