@@ -9,10 +9,12 @@ import os
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 # Each command imports what it needs when it runs: `serve` must start fast, and the
 # client's httpx and the progress view's rich would cost it a quarter of a second.
+if TYPE_CHECKING:
+    from finetune_studio.cli.client import StudioClient
 
 DEFAULT_SERVER = "http://127.0.0.1:8000"
 # The request's literals (schemas.TrainingType and FormatType), written out so that
@@ -29,7 +31,6 @@ def _serve(args: argparse.Namespace) -> int:
     gc.disable()
     try:
         import uvicorn
-
         from pydantic import ValidationError
 
         from finetune_studio.api.app import create_app
@@ -130,7 +131,7 @@ def _watch(args: argparse.Namespace) -> int:
     return report(outcome, view, notes)
 
 
-def _client_command(run: Callable[..., int]) -> Callable[[argparse.Namespace], int]:
+def _client_command(run: Callable[[StudioClient, argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
     """jobs, status, stop: a client for --server, and 2 with the server's words when it refuses."""
 
     def command(args: argparse.Namespace) -> int:
@@ -147,19 +148,19 @@ def _client_command(run: Callable[..., int]) -> Callable[[argparse.Namespace], i
     return command
 
 
-def _jobs(client: Any, args: argparse.Namespace) -> int:
+def _jobs(client: StudioClient, args: argparse.Namespace) -> int:
     from finetune_studio.cli.jobs import run_jobs
 
     return run_jobs(client, sys.stdout, args.output_json)
 
 
-def _status(client: Any, args: argparse.Namespace) -> int:
+def _status(client: StudioClient, args: argparse.Namespace) -> int:
     from finetune_studio.cli.jobs import run_status
 
     return run_status(client, args.job_id, sys.stdout, args.output_json)
 
 
-def _stop(client: Any, args: argparse.Namespace) -> int:
+def _stop(client: StudioClient, args: argparse.Namespace) -> int:
     from finetune_studio.cli.jobs import run_stop
 
     return run_stop(client, args.job_id, sys.stdout, args.output_json)

@@ -36,7 +36,6 @@ from finetune_studio.cli.follow import (
 from finetune_studio.cli.local_server import LocalServer
 from finetune_studio.cli.progress import make_view
 
-DEFAULT_SERVER = "http://127.0.0.1:8000"
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 # Where a started server can be reached: LocalServer binds 127.0.0.1.
 STARTABLE_HOSTS = ("127.0.0.1", "localhost")
