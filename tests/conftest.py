@@ -33,6 +33,14 @@ class ServerProcess(LocalServer):
         return StudioClient(self.url, token=token)
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test that trains for real or drives a browser is slow as well, so that
+    `pytest -m "not slow"` leaves them out: the fast lane (`bash scripts/test.sh -m "not slow"`)."""
+    for item in items:
+        if item.get_closest_marker("train") or item.get_closest_marker("browser"):
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random Llama, built once per test session by the CLI."""
@@ -63,6 +71,17 @@ def start_server(tmp_path: Path) -> Iterator[Any]:
 @pytest.fixture
 def server(start_server: Any) -> ServerProcess:
     return start_server()  # type: ignore[no-any-return]
+
+
+@pytest.fixture(scope="module")
+def shared_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """One server for the tests of a module that neither restart it nor change its
+    settings: each test waits for its own jobs, so the next finds the queue empty.
+    (A server's start and clean stop cost seconds; the jobs are what is tested.)"""
+    server = ServerProcess(tmp_path_factory.mktemp("shared") / "data")
+    server.start()
+    yield server
+    server.stop()
 
 
 def job_request(model: Path, **overrides: Any) -> dict[str, Any]:

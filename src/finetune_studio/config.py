@@ -20,7 +20,7 @@ from finetune_studio.errors import UnsafeSettings
 MiB = 1024 * 1024
 # A token shorter than this can be guessed: 16 random URL-safe characters are 96 bits.
 MIN_TOKEN_CHARS = 16
-_NEW_TOKEN = "python -c 'import secrets; print(secrets.token_urlsafe(32))'"
+_MAKE_ONE = "python -c 'import secrets; print(secrets.token_urlsafe(32))'"
 
 
 def default_data_dir() -> Path:
@@ -36,7 +36,7 @@ def token_problem(token: str) -> Optional[str]:
     matched), inside it is not a bearer token; an empty token would let in anyone
     who sends "Bearer" and nothing after it.
     """
-    fix = f"set it to a long random secret (make one with: {_NEW_TOKEN})"
+    fix = f"set it to a long random secret (make one with: {_MAKE_ONE})"
     if not token:
         return f"FINETUNE_STUDIO_TOKEN is set but empty, which protects nothing: {fix}, or unset it to serve on loopback without a token"
     if not token.strip():

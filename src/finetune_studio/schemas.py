@@ -126,7 +126,8 @@ class TrainingStartRequest(BaseModel):
     save_steps: int = Field(default=100, ge=0, description="Save a checkpoint every this many steps (0: never).")
     weight_decay: float = Field(default=0.001, ge=0.0)
     max_grad_norm: Optional[float] = Field(default=None, ge=0.0)
-    random_seed: int = Field(default=3407, ge=0)
+    # numpy's seeds stop at 2**32 - 1: a larger one failed the job only once it had loaded the model.
+    random_seed: int = Field(default=3407, ge=0, le=2**32 - 1)
     packing: bool = False
     optim: str = "adamw_8bit"
     lr_scheduler_type: str = "linear"
@@ -174,6 +175,21 @@ class TrainingStartRequest(BaseModel):
             raise ValidationError.from_exception_data(cls.__name__, errors)
         return data
 
+    @model_validator(mode="before")
+    @classmethod
+    def _null_means_default(cls, data: Any) -> Any:
+        """The Studio's UI sends `null` for settings it leaves alone (`train_split`
+        with local files, say): a null for a field that has a default and cannot be
+        null means that default."""
+        if not isinstance(data, dict):
+            return data
+        nulls = [
+            name for name, value in data.items()
+            if value is None and name in cls.model_fields and not cls.model_fields[name].is_required()
+            and cls.model_fields[name].default is not None
+        ]
+        return {k: v for k, v in data.items() if k not in nulls} if nulls else data
+
     @field_validator("learning_rate", mode="before")
     @classmethod
     def _learning_rate_from_string(cls, value: Any) -> Any:
@@ -185,7 +201,7 @@ class TrainingStartRequest(BaseModel):
         return value
 
     @model_validator(mode="after")
-    def _check_combinations(self) -> "TrainingStartRequest":
+    def _check_combinations(self) -> TrainingStartRequest:
         if self.num_epochs == 0 and not self.max_steps:
             raise ValueError("num_epochs and max_steps are both 0: set num_epochs >= 1 or max_steps >= 1")
         if sum((self.use_rslora, self.use_loftq, self.use_dora)) > 1:

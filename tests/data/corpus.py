@@ -2,10 +2,11 @@
 
 Every file in bad/ has an entry here (a test checks it), so the corpus documents
 itself: the request fields to read it with, the location the error must name ("" for
-a problem with the whole file), and a fragment of the problem text. Each file goes
-through a real server in tests/integration/test_datasets.py (a job each, so the
-corpus stays small); more cases are checked without a server in
-tests/unit/test_data.py.
+a problem with the whole file), and a fragment of the problem text. Every file is
+read in-process as a training child reads a job's data
+(tests/unit/test_data.py::test_the_bad_corpus, with more cases beside it); two of
+them also go through a real server and a real child, as jobs
+(tests/integration/test_datasets.py).
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ import pytest
 import uvicorn
 
 from finetune_studio.api.app import create_app
+from finetune_studio.cli.client import StudioClient
 from finetune_studio.cli.local_server import free_port
 from finetune_studio.config import Settings
 from finetune_studio.supervisor.launcher import LocalProcessLauncher, WorkerExit, WorkerLauncher
@@ -52,10 +53,19 @@ class LiveServer:
         self.server.should_exit = True
         self.thread.join(timeout=60)
 
+    @property
+    def data_dir(self) -> Path:
+        return self.settings.data_dir
+
+    def client(self, token: Optional[str] = None) -> StudioClient:
+        return StudioClient(self.url, token=token)
+
 
 @pytest.fixture
 def live_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    """live_server(**settings) -> a started LiveServer whose jobs run tests/reliability/fake_worker.py."""
+    """live_server(launcher=None, **settings) -> a started LiveServer whose jobs run
+    tests/reliability/fake_worker.py, or what `launcher` starts (hooked_child.HookedLauncher:
+    real children with test hooks)."""
     monkeypatch.chdir(REPO)  # the fake worker is imported from the repository
     servers: list[LiveServer] = []
 

@@ -2,8 +2,9 @@
 
 It runs `finetune_studio.training.child.main` unchanged, with a Channel that can
 
-- hold the child in one phase, once it has announced it, until a stop arrives
-  (`pause_in`), so that a test can stop it at an exact point; or
+- hold the child in one phase once it has announced it (`pause_in`), or after it
+  has reported one training step (`pause_at_step`), until a stop arrives, so that
+  a test can stop it at an exact point; or
 - fail at the first training step, as if memory or the disk had run out (`fault`:
   `out_of_memory` or `disk_full`), so that the classifier's real path is taken.
 
@@ -21,6 +22,7 @@ import sys
 from dataclasses import asdict, dataclass
 from typing import IO, Any, Literal, Optional
 
+from finetune_studio.schemas import Phase
 from finetune_studio.supervisor.launcher import LocalProcessHandle, LocalProcessLauncher
 from finetune_studio.training.channel import Channel, StopSignal
 from finetune_studio.training.child import main
@@ -37,11 +39,13 @@ Fault = Literal["", "out_of_memory", "disk_full"]
 @dataclass(frozen=True)
 class Hooks:
     pause_in: str = ""  # a phase: once announced, wait there until a stop arrives
+    pause_at_step: int = 0  # a step: once reported, wait there until a stop arrives
     fault: Fault = ""  # raised when the first training step reports
 
 
 class HookedChannel(Channel):
-    """A Channel that pauses after announcing one phase, or fails on the first progress report."""
+    """A Channel that pauses after announcing one phase or reporting one step, or fails
+    on the first progress report."""
 
     def __init__(self, stream: IO[str], stop: StopSignal, hooks: Hooks) -> None:
         super().__init__(stream, stop)
@@ -49,12 +53,11 @@ class HookedChannel(Channel):
         self.hooks = hooks
 
     def status(
-        self, phase: str, message: str, *, error: Optional[str] = None, details: Optional[dict[str, Any]] = None
+        self, phase: Phase, message: str, *, error: Optional[str] = None, details: Optional[dict[str, Any]] = None
     ) -> None:
         super().status(phase, message, error=error, details=details)
         if phase == self.hooks.pause_in:
-            print(f"test hook: holding in {phase} until a stop arrives", file=sys.stderr)
-            self.stop.wait(PAUSE_LIMIT_SECONDS)
+            self._hold(phase)
 
     def progress(self, **fields: Any) -> None:
         if self.hooks.fault == "out_of_memory":
@@ -64,6 +67,12 @@ class HookedChannel(Channel):
         if self.hooks.fault == "disk_full":
             raise OSError(errno.ENOSPC, "No space left on device (injected by a test hook)")
         super().progress(**fields)
+        if fields.get("step") == self.hooks.pause_at_step:
+            self._hold(f"step {self.hooks.pause_at_step}")
+
+    def _hold(self, where: str) -> None:
+        print(f"test hook: holding at {where} until a stop arrives", file=sys.stderr)
+        self.stop.wait(PAUSE_LIMIT_SECONDS)
 
 
 def hooked_channel(events: IO[str], stop: StopSignal, spec: WorkerSpec) -> Channel:
@@ -75,7 +84,8 @@ def hooked_channel(events: IO[str], stop: StopSignal, spec: WorkerSpec) -> Chann
 
 
 class HookedLauncher:
-    """Starts every job in this module, with the same hooks for each."""
+    """Starts every job in this module, with the hooks it holds when the job starts
+    (a test may change `hooks` between jobs)."""
 
     def __init__(self, hooks: Hooks) -> None:
         self.hooks = hooks

@@ -8,13 +8,14 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import pytest
+from fastapi.routing import APIRoute
 from fastapi.testclient import TestClient
 
 from finetune_studio.api import auth
-from finetune_studio.api.app import create_app
+from finetune_studio.api.app import API_PREFIX, create_app
 from finetune_studio.config import Settings
 from finetune_studio.errors import UnsafeSettings
 from tests.reliability.conftest import InstantLauncher, dataset, start_body
@@ -50,6 +51,18 @@ def test_the_app_itself_refuses_to_be_exposed_without_a_token(host: str, tmp_pat
     create_app(Settings(host=host, data_dir=tmp_path, token=TOKEN))  # with a token it builds
 
 
+# Wrong Authorization headers, each with the token the guard must compare (in
+# constant time) with the expected one; None where the scheme is not Bearer.
+WRONG_HEADERS: list[tuple[dict[str, str], Optional[bytes]]] = [
+    ({}, None),
+    ({"Authorization": "Bearer wrong"}, b"wrong"),
+    ({"Authorization": f"Bearer {TOKEN}x"}, f"{TOKEN}x".encode()),
+    ({"Authorization": TOKEN}, None),
+    ({"Authorization": f"Basic {TOKEN}"}, None),
+    ({"Authorization": f"Bearer {TOKEN[:-1]}"}, TOKEN[:-1].encode()),
+]
+
+
 def _calls(app: Any, job_id: str) -> list[tuple[str, str]]:
     """(method, path) for every operation in the app's OpenAPI schema, path parameters filled in."""
     return [
@@ -81,16 +94,21 @@ def test_with_a_token_every_route_but_health_wants_it(tmp_path: Path, monkeypatc
             if path == "/health":
                 assert client.request(method, path).status_code == 200
                 continue
-            for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Bearer {TOKEN}x"},
-                            {"Authorization": TOKEN}, {"Authorization": f"Basic {TOKEN}"},
-                            {"Authorization": f"Bearer {TOKEN[:-1]}"}):
+            for headers, given in WRONG_HEADERS:
+                compared.clear()  # each header on its own: what this one request compared
                 response = client.request(method, path, headers=headers)
                 assert response.status_code == 401, (method, path, headers, response.status_code)
                 assert response.headers["www-authenticate"] == "Bearer"
                 assert "FINETUNE_STUDIO_TOKEN" in response.json()["detail"]
                 assert job_id not in response.text
-            # The token is compared in constant time.
-            assert compared and compared[-1][1] == TOKEN.encode()
+                if given is not None:  # a Bearer token: compared with the expected one in constant time
+                    assert compared == [(given, TOKEN.encode())], (method, path, headers, compared)
+
+        # Every API route, also one left out of the schema, lies under the guard's prefix.
+        routers = [getattr(route, "original_router", None) for route in app.routes]  # what include_router added
+        routes = [route for router in routers if router is not None for route in router.routes]
+        unguarded = {route.path for route in routes if isinstance(route, APIRoute)} - {"/health"}
+        assert unguarded and not [path for path in unguarded if not path.startswith(API_PREFIX)]
 
         # Every method on every API path, HEAD included, and a Bearer with nothing after it
         # (what an empty token would have matched): 401 before any routing.
@@ -103,7 +121,9 @@ def test_with_a_token_every_route_but_health_wants_it(tmp_path: Path, monkeypatc
                     assert job_id not in response.text
 
         # With the token: the stream and the rest answer.
+        compared.clear()
         stream = client.get(f"/train/stream/{job_id}", headers=good)
+        assert compared == [(TOKEN.encode(), TOKEN.encode())]
         assert stream.status_code == 200 and "event: status" in stream.text
         assert client.get("/train/jobs", headers=good).json()["count"] == 1
         # Only the web page's static files are served without it; they hold no job data.

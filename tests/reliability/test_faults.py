@@ -1,11 +1,11 @@
 """Failures are classified, and the error says what to do.
 
 Real children fail in three ways here, side by side (one server each): out of
-memory and a full disk are injected at the first training step by the child's test
-hook (FINETUNE_STUDIO_TEST_FAULT, see training/child.py); target_modules that match
-nothing is a real config_invalid. model_not_found, dataset_invalid and a SIGKILLed
-child (worker_died) with real children are in tests/integration/test_training_jobs.py.
-The classifier itself, and a killed stand-in worker, are checked without torch.
+memory and a full disk are injected at the first training step by a test hook
+(tests/reliability/hooked_child.py); target_modules that match nothing is a real
+config_invalid. model_not_found and dataset_invalid with real children are in
+tests/integration/. The classifier itself, a SIGKILLed worker (worker_died) and a
+worker that will not exit are checked with the stand-in worker, without torch.
 """
 
 from __future__ import annotations
@@ -21,10 +21,11 @@ from fastapi.testclient import TestClient
 
 from finetune_studio.api.app import create_app
 from finetune_studio.config import Settings
-from finetune_studio.training.child import FAULT_ENV, classify
-from finetune_studio.supervisor.launcher import LocalProcessLauncher
-from tests.conftest import REPO, ServerProcess, collect, job_request, phases, wait_for
-from tests.reliability.conftest import FAKE_WORKER, dataset, start_body
+from finetune_studio.supervisor.launcher import LocalProcessLauncher, WorkerLauncher
+from finetune_studio.training.child import classify
+from tests.conftest import REPO, collect, job_request, phases, wait_for
+from tests.reliability.conftest import FAKE_WORKER, LiveServer, dataset, start_body
+from tests.reliability.hooked_child import HookedLauncher, Hooks
 from tests.reliability.test_stop import alive
 
 OOM_ADVICE = ("batch_size", "gradient_accumulation_steps", "max_seq_length")
@@ -32,15 +33,15 @@ DISK_ADVICE = ("Free space", "save_steps")
 
 
 @pytest.mark.train
-def test_real_failures_end_in_error_with_their_code_and_a_fix(start_server: Any, tiny_model: Path, tmp_path: Path) -> None:
-    cases: dict[str, tuple[dict[str, str], dict[str, Any]]] = {
-        "out_of_memory": ({FAULT_ENV: "out_of_memory"}, {}),
-        "disk_full": ({FAULT_ENV: "disk_full"}, {}),
-        "config_invalid": ({}, {"target_modules": ["no_such_layer"]}),
+def test_real_failures_end_in_error_with_their_code_and_a_fix(live_server: Any, tiny_model: Path, tmp_path: Path) -> None:
+    cases: dict[str, tuple[WorkerLauncher, dict[str, Any]]] = {
+        "out_of_memory": (HookedLauncher(Hooks(fault="out_of_memory")), {}),
+        "disk_full": (HookedLauncher(Hooks(fault="disk_full")), {}),
+        "config_invalid": (LocalProcessLauncher(), {"target_modules": ["no_such_layer"]}),  # the production child
     }
-    started: dict[str, tuple[ServerProcess, str]] = {}
-    for code, (env, overrides) in cases.items():
-        server = start_server(env=env, data_dir=tmp_path / code)
+    started: dict[str, tuple[LiveServer, str]] = {}
+    for code, (launcher, overrides) in cases.items():
+        server = live_server(launcher, data_dir=tmp_path / code)
         with server.client() as client:
             started[code] = (server, client.start(job_request(tiny_model, max_steps=5, **overrides)))
 

@@ -3,8 +3,9 @@
 The app runs under a real uvicorn with workers that are no processes (every job it
 accepts completes at once), as an exposed server would: token required, paths
 limited to its roots. For every operation, schemathesis sends generated requests,
-valid and invalid, and checks each answer: no 5xx, a documented status code, a
-body that matches the documented schema. Bounded: a fixed number of examples per
+valid and invalid (bodies also with hostile text and numbers, see `flatmap_body`),
+and checks each answer: no 5xx, a documented status code, a body that matches the
+documented schema. Bounded: a fixed number of examples per
 operation, no deadline per example, a timeout per request.
 
 One check is left out: `positive_data_acceptance` expects every schema-valid body

@@ -145,19 +145,19 @@ def test_two_hundred_clients_on_one_stream_all_receive_every_event(
 
 @pytest.mark.train
 def test_simultaneous_real_jobs_are_distinct_and_train_one_at_a_time(server: ServerProcess, tiny_model: Path) -> None:
-    bodies = [job_request(tiny_model, max_steps=1, random_seed=i) for i in range(3)]
+    bodies = [job_request(tiny_model, max_steps=1, random_seed=i) for i in range(2)]
     responses = asyncio.run(_start_all(server.url, bodies))
-    assert [r.status_code for r in responses] == [200] * 3
+    assert [r.status_code for r in responses] == [200] * 2
     job_ids = [r.json()["job_id"] for r in responses]
-    assert len(set(job_ids)) == 3
+    assert len(set(job_ids)) == 2
     with server.client() as client:
         wait_for(
-            lambda: all(client.status(j)["phase"] in TERMINAL for j in job_ids), timeout=300, interval=0.2, what="3 jobs"
+            lambda: all(client.status(j)["phase"] in TERMINAL for j in job_ids), timeout=300, interval=0.2, what="both jobs"
         )
         pids = set()
         for job_id in job_ids:
             events = collect(client, job_id)
             assert phases(events) == SEED_ORDER
             pids.add(events[-1].data["details"]["worker_pid"])
-        assert len(pids) == 3  # each job trained in its own child
+        assert len(pids) == 2  # each job trained in its own child
     assert_one_at_a_time(run_windows(server.data_dir / "studio.db"))

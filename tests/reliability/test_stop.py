@@ -1,9 +1,9 @@
 """Stop in every phase: the job ends `stopped`, and its training child is gone.
 
-A real child is held in each phase by the child's test hook
-(FINETUNE_STUDIO_TEST_PAUSE_IN, see training/child.py): it announces the phase, then
-waits there until the stop arrives, and goes on exactly as it would have. One
-server per phase, all started at once, so the four children load torch side by side.
+A real child is held in each phase by a test hook (tests/reliability/hooked_child.py,
+started by the server's HookedLauncher): it announces the phase, then waits there
+until the stop arrives, and goes on exactly as it would have. One server per phase,
+all started at once, so the four children load torch side by side.
 """
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ from typing import Any
 import httpx
 import pytest
 
-from finetune_studio.training.child import PAUSE_ENV
-from tests.conftest import ServerProcess, collect, job_request, phases, wait_for
+from tests.conftest import collect, job_request, phases, wait_for
+from tests.reliability.conftest import LiveServer
+from tests.reliability.hooked_child import HookedLauncher, Hooks
 
 pytestmark = pytest.mark.train
 
@@ -32,12 +33,12 @@ def alive(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
-def test_stop_in_every_phase_ends_stopped_and_the_child_is_gone(start_server: Any, tiny_model: Path, tmp_path: Path) -> None:
-    servers: dict[str, ServerProcess] = {}
+def test_stop_in_every_phase_ends_stopped_and_the_child_is_gone(live_server: Any, tiny_model: Path, tmp_path: Path) -> None:
+    servers: dict[str, LiveServer] = {}
     for phase in RUNNING_PHASES:
         # A long grace: the stop must be cooperative, not the escalation's SIGTERM.
-        env = {PAUSE_ENV: phase, "FINETUNE_STUDIO_STOP_GRACE_SECONDS": "600"}
-        servers[phase] = start_server(env=env, data_dir=tmp_path / phase)
+        launcher = HookedLauncher(Hooks(pause_in=phase))
+        servers[phase] = live_server(launcher, data_dir=tmp_path / phase, stop_grace_seconds=600)
 
     jobs: dict[str, tuple[str, str]] = {}
     for phase, server in servers.items():

@@ -3,6 +3,7 @@ stop escalation, without the cost of real training."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -46,8 +47,6 @@ def events(client: TestClient, job_id: str) -> list[tuple[str, dict]]:
 
 
 def wait_phase(client: TestClient, job_id: str, phase: str) -> None:
-    import time
-
     for _ in range(400):
         if client.get(f"/train/status/{job_id}").json()["phase"] == phase:
             return
@@ -75,14 +74,37 @@ def test_schema_errors_are_422(client: TestClient, tmp_path: Path) -> None:
 
 
 def test_progress_is_204_until_a_step_then_the_latest(client: TestClient, tmp_path: Path) -> None:
-    job_id = client.post("/train/start", json=request(tmp_path)).json()["job_id"]
-    wait_phase(client, job_id, "training")
-    for _ in range(100):
-        if client.get(f"/train/progress/{job_id}").status_code == 200:
+    running = client.post("/train/start", json=request(tmp_path, "gated")).json()["job_id"]
+    queued = client.post("/train/start", json=request(tmp_path)).json()["job_id"]
+    wait_phase(client, running, "training")  # the gated worker holds before its first step
+    for job_id in (queued, running):  # queued, and training with no step done yet
+        response = client.get(f"/train/progress/{job_id}")
+        assert (response.status_code, response.content) == (204, b""), (job_id, response.text)
+    (tmp_path / "jobs" / running / "go").touch()
+    for _ in range(400):
+        response = client.get(f"/train/progress/{running}")
+        if response.status_code != 204:
             break
-    assert client.get(f"/train/progress/{job_id}").json()["step"] == 1
-    client.post(f"/train/stop/{job_id}")
-    wait_phase(client, job_id, "stopped")
+        time.sleep(0.025)
+    assert response.status_code == 200 and response.json()["step"] == 1, response.text
+    client.post(f"/train/stop/{queued}")
+    client.post(f"/train/stop/{running}")
+    wait_phase(client, running, "stopped")
+
+
+def test_queued_jobs_report_their_place_and_the_list_is_newest_first(client: TestClient, tmp_path: Path) -> None:
+    running = client.post("/train/start", json=request(tmp_path, "gated")).json()["job_id"]
+    wait_phase(client, running, "training")  # held before its first step: the others wait
+    queued = [client.post("/train/start", json=request(tmp_path)).json()["job_id"] for _ in range(2)]
+    listed = client.get("/train/jobs").json()["data"]
+    assert [s["job_id"] for s in listed] == [*queued[::-1], running]
+    for position, job_id in enumerate(queued, start=1):
+        for status in (client.get(f"/train/status/{job_id}").json(), listed[2 - position]):
+            assert status["phase"] == "idle" and status["details"]["queue_position"] == position
+            assert status["message"] == f"Queued (position {position})"
+    for job_id in (*queued, running):
+        client.post(f"/train/stop/{job_id}")
+    wait_phase(client, running, "stopped")
 
 
 def test_a_polite_worker_stops_when_asked(client: TestClient, tmp_path: Path) -> None:

@@ -28,7 +28,7 @@ def test_only_answer_tokens_are_trained(tiny_model: Path, tmp_path: Path) -> Non
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
     row = tokenize_with_assistant_mask(tokenizer, CONVERSATION)
     assert len(row["input_ids"]) == len(row["assistant_masks"])
-    answer_ids = [t for t, m in zip(row["input_ids"], row["assistant_masks"]) if m]
+    answer_ids = [t for t, m in zip(row["input_ids"], row["assistant_masks"], strict=True) if m]
     assert tokenizer.decode(answer_ids) == "Four.<|im_end|>\nSix.<|im_end|>\n"
 
     trainer = SFTTrainer(
@@ -41,7 +41,7 @@ def test_only_answer_tokens_are_trained(tiny_model: Path, tmp_path: Path) -> Non
     labels = trainer.train_dataset[0]["labels"]
     ids = trainer.train_dataset[0]["input_ids"]
     assert ids == row["input_ids"]
-    trained = [t for t, label in zip(ids, labels) if label != -100]
+    trained = [t for t, label in zip(ids, labels, strict=True) if label != -100]
     assert trained == answer_ids
-    prompt_text = tokenizer.decode([t for t, label in zip(ids, labels) if label == -100])
+    prompt_text = tokenizer.decode([t for t, label in zip(ids, labels, strict=True) if label == -100])
     assert "What is two plus two?" in prompt_text and "Be brief." in prompt_text and "Four." not in prompt_text

@@ -51,3 +51,15 @@ def test_the_seed_models_keep_the_seed_fields() -> None:
     assert set(TrainingStatus.model_fields) == {"job_id", "phase", "is_training_running", "message", "error", "details"}
     seed_progress = {"step", "total_steps", "loss", "learning_rate", "progress_percent", "epoch", "elapsed_seconds", "eta_seconds"}
     assert seed_progress <= set(TrainingProgress.model_fields)
+
+
+def test_a_null_for_a_setting_with_a_default_means_the_default() -> None:
+    # What the Studio's UI sends for settings it leaves alone with local files.
+    body = {"model_name": "m", "training_type": "LoRA/QLoRA", "format_type": "auto", "local_datasets": ["d.jsonl"],
+            "train_split": None, "subset": None, "eval_split": None, "batch_size": None, "target_modules": None,
+            "max_steps": None}
+    request = TrainingStartRequest.model_validate(body)
+    assert (request.train_split, request.batch_size, request.target_modules) == ("train", 1, [])
+    assert request.subset is None and request.max_steps is None
+    with pytest.raises(ValueError, match="model_name"):
+        TrainingStartRequest.model_validate({**body, "model_name": None})  # required: null is still an error

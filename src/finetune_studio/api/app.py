@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import mimetypes
 import logging
 import math
+import mimetypes
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any, Optional
@@ -22,8 +22,8 @@ from starlette.routing import Match, Mount
 from starlette.types import Scope
 
 from finetune_studio import __version__
-from finetune_studio.api.body_limit import DeclaredBodyLimit, too_large_message
 from finetune_studio.api.auth import TokenGuard
+from finetune_studio.api.body_limit import DeclaredBodyLimit, too_large_message
 from finetune_studio.api.deps import Studio
 from finetune_studio.api.routes import health, train
 from finetune_studio.api.streaming import StudioApp

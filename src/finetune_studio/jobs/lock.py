@@ -57,9 +57,9 @@ class DataDirLock:
                 f"cannot lock {path} ({exc.strerror}); the data dir must be on a file system that supports flock"
                 " (a local disk), so that only one server uses it"
             ) from None
-        holder = {"pid": os.getpid(), "address": address, "since": time.strftime("%Y-%m-%d %H:%M:%S %z")}
+        me = {"pid": os.getpid(), "address": address, "since": time.strftime("%Y-%m-%d %H:%M:%S %z")}
         os.ftruncate(fd, 0)
-        os.pwrite(fd, (json.dumps(holder) + "\n").encode(), 0)
+        os.pwrite(fd, (json.dumps(me) + "\n").encode(), 0)
         return cls(path, fd)
 
     @property

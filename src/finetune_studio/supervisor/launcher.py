@@ -23,10 +23,8 @@ from typing import Any, Optional, Protocol
 from finetune_studio.wire import MAX_MESSAGE_BYTES, STOP_COMMAND, JobFolder, WorkerSpec
 
 CHILD_MODULE = "finetune_studio.training.child"
-# The server's own settings (FINETUNE_STUDIO_TOKEN above all) stay with the server;
-# only the tests' hooks, which the child reads, pass (training/child.py).
+# The server's own settings (FINETUNE_STUDIO_TOKEN above all) stay with the server.
 SERVER_PREFIX = "FINETUNE_STUDIO_"
-CHILD_HOOKS_PREFIX = "FINETUNE_STUDIO_TEST_"
 
 
 def child_environment(server_env: Mapping[str, str]) -> dict[str, str]:
@@ -41,11 +39,7 @@ def child_environment(server_env: Mapping[str, str]) -> dict[str, str]:
     child's environment is recorded (W&B's run metadata, crash reports, a model's
     remote code). The child gets its job, secrets included, on stdin.
     """
-    env = {
-        name: value
-        for name, value in server_env.items()
-        if not name.startswith(SERVER_PREFIX) or name.startswith(CHILD_HOOKS_PREFIX)
-    }
+    env = {name: value for name, value in server_env.items() if not name.startswith(SERVER_PREFIX)}
     env.update({"PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_DISABLE_TELEMETRY": "1"})
     return env
 
@@ -90,15 +84,26 @@ class WorkerLauncher(Protocol):
 
 class LocalProcessHandle:
     def __init__(self, process: asyncio.subprocess.Process, log_path: Path) -> None:
+        if process.stdin is None or process.stdout is None:
+            raise OSError("the worker was started without its stdin and stdout pipes")
         self._process = process
+        self._stdin: asyncio.StreamWriter = process.stdin
+        self._stdout: asyncio.StreamReader = process.stdout
         self.pid: Optional[int] = process.pid
         self.log_path = log_path
 
+    async def send(self, line: bytes) -> None:
+        """Write one line to the worker's stdin; a worker that is gone is reported by wait()."""
+        if self._stdin.is_closing():
+            return
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            self._stdin.write(line)
+            await self._stdin.drain()
+
     async def messages(self) -> AsyncIterator[dict[str, Any]]:
-        assert self._process.stdout is not None
         while True:
             try:
-                line = await self._process.stdout.readline()
+                line = await self._stdout.readline()
             except ValueError:  # a line over the limit: skip what we cannot parse
                 continue
             if not line:
@@ -111,14 +116,7 @@ class LocalProcessHandle:
                 yield message
 
     async def request_stop(self) -> None:
-        stdin = self._process.stdin
-        if stdin is None or stdin.is_closing():
-            return
-        try:
-            stdin.write(STOP_COMMAND.encode() + b"\n")
-            await stdin.drain()
-        except (BrokenPipeError, ConnectionResetError):
-            pass  # already exiting
+        await self.send(STOP_COMMAND.encode() + b"\n")
 
     def _signal(self, signum: int) -> None:
         if self._process.returncode is None:
@@ -135,8 +133,7 @@ class LocalProcessHandle:
 
     async def wait(self) -> WorkerExit:
         returncode = await self._process.wait()
-        if self._process.stdin is not None:
-            self._process.stdin.close()
+        self._stdin.close()
         return WorkerExit(returncode)
 
 
@@ -168,10 +165,7 @@ class LocalProcessLauncher:
                 limit=MAX_MESSAGE_BYTES,
             )
         handle = LocalProcessHandle(process, log_path)
-        assert process.stdin is not None
-        process.stdin.write(spec.to_line())
-        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-            await process.stdin.drain()  # a child that died at once is reported by wait()
+        await handle.send(spec.to_line())
         return handle
 
 

@@ -24,8 +24,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import signal
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -36,13 +34,13 @@ from finetune_studio.jobs.phases import is_terminal
 from finetune_studio.jobs.service import JobService
 from finetune_studio.jobs.store import JobRecord
 from finetune_studio.schemas import QUEUED_WARNINGS, WITHHELD_SECRETS, TrainingStatus
-from finetune_studio.supervisor.recovery import recover_jobs
-from finetune_studio.wire import OUT_OF_MEMORY_ADVICE, WorkerSpec
 from finetune_studio.supervisor.launcher import (
     WorkerExit,
     WorkerHandle,
     WorkerLauncher,
 )
+from finetune_studio.supervisor.recovery import recover_jobs
+from finetune_studio.wire import OUT_OF_MEMORY_ADVICE, WorkerSpec
 
 log = logging.getLogger("finetune_studio.supervisor")
 
@@ -271,17 +269,17 @@ class Supervisor:
             self._escalate_later(active)
 
     def _escalate_later(self, active: ActiveJob) -> None:
-        if active.escalation is None:
-            active.escalation = asyncio.create_task(self._escalate(active), name=f"escalate-{active.job_id}")
+        if active.escalation is None and active.handle is not None:
+            task = self._escalate(active.job_id, active.handle)
+            active.escalation = asyncio.create_task(task, name=f"escalate-{active.job_id}")
 
-    async def _escalate(self, active: ActiveJob) -> None:
-        assert active.handle is not None
+    async def _escalate(self, job_id: str, handle: WorkerHandle) -> None:
         await asyncio.sleep(self.settings.stop_grace_seconds)
-        log.warning("job %s did not exit within %.0f s; sending SIGTERM", active.job_id, self.settings.stop_grace_seconds)
-        active.handle.terminate()
+        log.warning("job %s did not exit within %.0f s; sending SIGTERM", job_id, self.settings.stop_grace_seconds)
+        handle.terminate()
         await asyncio.sleep(self.settings.kill_grace_seconds)
-        log.warning("job %s did not exit after SIGTERM; sending SIGKILL", active.job_id)
-        active.handle.kill()
+        log.warning("job %s did not exit after SIGTERM; sending SIGKILL", job_id)
+        handle.kill()
 
 
 def _death_advice(exit_info: WorkerExit) -> str:

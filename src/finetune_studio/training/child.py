@@ -13,8 +13,8 @@ import json
 import os
 import sys
 import traceback
-from collections.abc import Iterator
-from typing import IO, Any, Optional
+from collections.abc import Callable, Iterator
+from typing import IO, Optional
 
 from finetune_studio.schemas import ErrorCode
 
@@ -62,54 +62,19 @@ def classify(exc: BaseException) -> tuple[ErrorCode, str]:
     return "training_failed", f"Training failed: {type(exc).__name__}: {text}"
 
 
-# -- test hooks ----------------------------------------------------------------
-# For the test suite only (tests/reliability): they hold a real child in a chosen
-# phase, or make it fail at its first training step, so that a test can stop or
-# break it at an exact point. They are read from the environment the server passes
-# on to its children, and do nothing when unset, as they are in normal use.
-PAUSE_ENV = "FINETUNE_STUDIO_TEST_PAUSE_IN"  # a phase: once announced, wait there until a stop arrives
-FAULT_ENV = "FINETUNE_STUDIO_TEST_FAULT"  # out_of_memory | disk_full: raised when the first step reports
-_PAUSE_LIMIT_SECONDS = 300.0
-
-
-class HookedChannel(Channel):
-    """A Channel that pauses after announcing one phase, or fails on the first progress report."""
-
-    def __init__(self, stream: IO[str], stop: StopSignal, pause_in: str, fault: str) -> None:
-        super().__init__(stream, stop)
-        self.stop = stop
-        self.pause_in = pause_in
-        self.fault = fault
-
-    def status(
-        self, phase: str, message: str, *, error: Optional[str] = None, details: Optional[dict[str, Any]] = None
-    ) -> None:
-        super().status(phase, message, error=error, details=details)
-        if phase == self.pause_in:
-            print(f"test hook: holding in {phase} until a stop arrives", file=sys.stderr)
-            self.stop.wait(_PAUSE_LIMIT_SECONDS)
-
-    def progress(self, **fields: Any) -> None:
-        if self.fault == "out_of_memory":
-            import torch
-
-            raise torch.OutOfMemoryError(f"CUDA out of memory. Tried to allocate 20.00 GiB (injected by {FAULT_ENV})")
-        if self.fault == "disk_full":
-            raise OSError(errno.ENOSPC, f"No space left on device (injected by {FAULT_ENV})")
-        super().progress(**fields)
-
-
-def _channel(events: IO[str], stop: StopSignal) -> Channel:
-    pause_in, fault = os.environ.get(PAUSE_ENV, ""), os.environ.get(FAULT_ENV, "")
-    if pause_in or fault:
-        return HookedChannel(events, stop, pause_in, fault)
-    return Channel(events, stop)
-
-
 # -- the child -----------------------------------------------------------------
 
 
-def main(argv: list[str] | None = None) -> int:
+def plain_channel(events: IO[str], stop: StopSignal, spec: WorkerSpec) -> Channel:
+    """The channel a child reports on; `main` takes another maker (the tests' hooked
+    child, tests/reliability/hooked_child.py, holds or fails a real child with it)."""
+    return Channel(events, stop)
+
+
+def main(
+    argv: list[str] | None = None,
+    make_channel: Callable[[IO[str], StopSignal, WorkerSpec], Channel] = plain_channel,
+) -> int:
     parser = argparse.ArgumentParser(prog="finetune_studio.training.child")
     parser.add_argument("--job-id", required=True)
     parser.parse_args(argv)
@@ -119,8 +84,8 @@ def main(argv: list[str] | None = None) -> int:
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
 
     stop = StopSignal()
-    channel = _channel(events, stop)
     spec = WorkerSpec.from_line(sys.stdin.readline())
+    channel = make_channel(events, stop, spec)
     stop.listen(sys.stdin)
 
     from finetune_studio.training.recipe import Recipe  # after the wire is up

@@ -14,8 +14,9 @@ from typing import Any, Optional
 from urllib.parse import urlsplit
 
 from finetune_studio.paths import is_local, local_path
-from finetune_studio.training.datasets.errors import HUB_UNREACHABLE
 from finetune_studio.training.channel import JobFailure
+from finetune_studio.training.datasets.errors import HUB_UNREACHABLE
+
 
 @dataclass(frozen=True)
 class ModelSource:

@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import Any, Optional
 
 from finetune_studio.schemas import Phase, TrainingStartRequest
-from finetune_studio.wire import JobFolder, WorkerSpec, last_checkpoint, save_atomically
+from finetune_studio.training.channel import Channel, JobFailure, StopSignal
 from finetune_studio.training.datasets import LoadedData, load_eval_data, load_training_data, measure
 from finetune_studio.training.models import ModelSource, load_tokenizer_and_model, resolve_source
-from finetune_studio.training.channel import Channel, JobFailure, StopSignal
+from finetune_studio.wire import JobFolder, WorkerSpec, last_checkpoint, save_atomically
 
 
 def has_module(name: str) -> bool:

@@ -23,14 +23,16 @@ from finetune_studio.schemas import (
 )
 
 router = APIRouter(prefix="/train", tags=["train"])
+# Documented answers of a route, as FastAPI's `responses` takes them.
+Responses = dict[Union[int, str], dict[str, Any]]
 
-_REFUSED = {
+_REFUSED: Responses = {
     status.HTTP_400_BAD_REQUEST: {"model": TrainingJobResponse, "description": "The server cannot take this request"},
     status.HTTP_403_FORBIDDEN: {"model": TrainingJobResponse, "description": "A path lies outside the allowed folders"},
     status.HTTP_413_CONTENT_TOO_LARGE: {"description": "The request body is over the server's limit"},
     status.HTTP_429_TOO_MANY_REQUESTS: {"model": TrainingJobResponse, "description": "The queue is full"},
 }
-_NOT_FOUND = {status.HTTP_404_NOT_FOUND: {"description": "No job has this id"}}
+_NOT_FOUND: Responses = {status.HTTP_404_NOT_FOUND: {"description": "No job has this id"}}
 # Event ids are SQLite integers: a larger cursor is refused (422) rather than overflowing.
 _MAX_EVENT_ID = 2**63 - 1
 
@@ -82,7 +84,7 @@ async def training_progress(job: JobDep) -> Union[TrainingProgress, Response]:
 
 # The stream's items, for the OpenAPI document (the route returns its own
 # EventSourceResponse of pre-encoded bytes, so FastAPI cannot derive them).
-_STREAM = {
+_STREAM: Responses = {
     status.HTTP_200_OK: {
         "description": "Server-Sent Events: `status` (a TrainingStatus) and `progress` (a TrainingProgress)",
         "content": {
@@ -102,12 +104,12 @@ _STREAM = {
 }
 
 
-_PAST_END = {
+_PAST_END: Responses = {
     status.HTTP_416_RANGE_NOT_SATISFIABLE: {
         "description": "Last-Event-ID is past the job's last event; the message names the last event id"
     }
 }
-_FULL = {
+_FULL: Responses = {
     status.HTTP_503_SERVICE_UNAVAILABLE: {
         "description": "The job has as many open streams as the server allows (max_streams_per_job); see Retry-After"
     }

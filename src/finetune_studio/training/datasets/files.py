@@ -277,7 +277,7 @@ def _csv_records(path: Path, text: str) -> Iterator[Record]:
                 f"has {len(cells)} fields but the header has {len(header)} ({names(header)});"
                 " quote fields that contain commas",
             )
-        yield f"line {start}", dict(zip(header, cells))
+        yield f"line {start}", dict(zip(header, cells, strict=True))
 
 
 # -- Parquet ------------------------------------------------------------------

@@ -57,8 +57,8 @@ class HubSplit:
         stop = len(self.dataset) if end is None else min(end, len(self.dataset))
         for first in range(start, stop, _BATCH_ROWS):
             batch = self.dataset[first : min(first + _BATCH_ROWS, stop)]
-            for offset, values in enumerate(zip(*(batch[c] for c in columns))):
-                yield f"row {first + offset}", dict(zip(columns, values))
+            for offset, values in enumerate(zip(*(batch[c] for c in columns), strict=True)):
+                yield f"row {first + offset}", dict(zip(columns, values, strict=True))
 
 
 def open_hf_dataset(
