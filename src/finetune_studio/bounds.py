@@ -79,9 +79,10 @@ def bound_status(
 
 def json_size(value: Any) -> float:
     """The length of `value` as compact JSON; infinite when it cannot be JSON as it is
-    (a NaN, nesting Python's encoder refuses), so that `shrink` takes it on."""
+    (a NaN, an object JSON has no type for, nesting Python's encoder refuses), so
+    that `shrink` takes it on."""
     try:
-        return len(json.dumps(value, separators=(",", ":"), allow_nan=False, default=str))
+        return len(json.dumps(value, separators=(",", ":"), allow_nan=False))
     except (ValueError, TypeError, RecursionError):
         return math.inf
 
@@ -123,7 +124,7 @@ def shrink(value: Any, budget: int, depth: int = 0) -> Any:
         names = list(value)[:count]
         keys = [excerpt(str(name), 100) for name in names]
         kept = _share([value[name] for name in names], budget - sum(len(key) + 4 for key in keys), depth)
-        result: dict[str, Any] = dict(zip(keys, kept))
+        result: dict[str, Any] = dict(zip(keys, kept, strict=True))
         if len(value) > count:
             result["..."] = f"{len(value) - count:,} more keys left out"
         return result

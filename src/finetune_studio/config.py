@@ -72,7 +72,18 @@ class Settings(BaseSettings):
         default=None,
         description=f"API token; required when binding beyond loopback. At least {MIN_TOKEN_CHARS} visible ASCII characters.",
     )
-    worker_python: Optional[str] = Field(default=None, description="Python that runs training children (default: this one).")
+    worker_python: Optional[str] = Field(
+        default=None, description="Python that runs training and inference children (default: this one)."
+    )
+    inference_idle_seconds: float = Field(
+        default=600.0, gt=0, description="The chat child unloads its models after this long without a request."
+    )
+    max_loaded_models: int = Field(
+        default=1, ge=1, description="Base models the chat child keeps loaded at once (each with all its adapters)."
+    )
+    unload_chat_for_training: bool = Field(
+        default=True, description="When a training job starts, the chat child unloads its models to free the memory."
+    )
     allowed_roots: Annotated[list[Path], NoDecode] = Field(
         default_factory=list,
         description=(

@@ -8,11 +8,17 @@
     |   +-- QueueFull                (429) too many jobs waiting
     +-- InvalidTransition            (409) a phase change that the state machine forbids
     +-- PastLastEvent                (416) a Last-Event-ID beyond the job's last event
+    +-- ChatError                    (OpenAI's error shape, under /v1/)
+    |   +-- ModelNotFound            (404) no model, or a job with nothing to serve yet
+    |   +-- InvalidChatRequest       (400) a bad parameter, named by `param`
+    |   +-- InferenceUnavailable     (503) the inference process died or could not start
     +-- UnsafeSettings               (never answered: the server refuses to start)
     +-- DataDirInUse                 (never answered: another server owns the data dir)
 """
 
 from __future__ import annotations
+
+from typing import Optional
 
 
 class StudioError(Exception):
@@ -68,3 +74,36 @@ class UnsafeSettings(StudioError):
 class DataDirInUse(StudioError):
     """Another server holds the data directory's lock: two servers on one data dir
     would kill each other's children and run the same queued jobs twice."""
+
+
+class ChatError(StudioError):
+    """An error of the OpenAI-compatible routes: answered as `{"error": {message, type, param, code}}`."""
+
+    error_type = "server_error"
+    code: str = "internal_error"
+
+    def __init__(self, message: str, *, param: Optional[str] = None, code: Optional[str] = None) -> None:
+        super().__init__(message)
+        self.param = param
+        if code is not None:
+            self.code = code
+
+
+class ModelNotFound(ChatError):
+    status_code = 404
+    error_type = "invalid_request_error"
+    code = "model_not_found"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, param="model")
+
+
+class InvalidChatRequest(ChatError):
+    status_code = 400
+    error_type = "invalid_request_error"
+    code = "invalid_request_error"
+
+
+class InferenceUnavailable(ChatError):
+    status_code = 503
+    code = "inference_unavailable"

@@ -168,3 +168,51 @@ def save_atomically(final: Path) -> Iterator[Path]:
     if final.exists():
         shutil.rmtree(final)
     os.replace(partial, final)
+
+
+# -- the inference child -------------------------------------------------------
+#
+# One long-lived child (`python -m finetune_studio.inference.child`) serves every
+# chat request; the server multiplexes requests over its pipes by `id`.
+#
+# stdin, one JSON object per line:
+#   GenerateCommand   start a completion (the child schedules all active ones fairly)
+#   {"type": "cancel", "id": ...}   the client went away: stop generating it (nothing more
+#                                   is sent for it; an unknown or finished id is ignored)
+#   {"type": "unload"}              free every loaded model (training needs the memory); one
+#                                   still answering goes as soon as its answers end
+# stdout, one JSON object per line:
+#   {"type": "ready"}                                   once, when it takes commands
+#   {"type": "started", "id", "prompt_tokens"}          the prompt was read
+#   {"type": "delta", "id", "text"}                     new text (may be "")
+#   {"type": "done", "id", "finish_reason", "usage"}    finish_reason "stop" | "length"
+#   {"type": "failed", "id", "code", "message", "param"} the request cannot be served
+# EOF on stdin: the server is gone; the child exits.
+
+
+class ModelRef(TypedDict):
+    """What to load: a base model, and the LoRA adapter to apply (None: the base alone).
+    A full fine-tuning result is a base of its own (`{"kind": "folder", ...}`)."""
+
+    base: dict[str, str]  # training.models.ModelSource.to_json(): {"kind", "location"}
+    adapter: Optional[str]
+    trust_remote_code: bool
+
+
+class SamplingParams(TypedDict):
+    temperature: float  # 0: greedy
+    top_p: float
+    max_tokens: Optional[int]  # None: up to the context length
+    stop: list[str]
+    seed: Optional[int]
+
+
+class GenerateCommand(TypedDict):
+    type: Literal["generate"]
+    id: str
+    model: ModelRef
+    messages: list[dict[str, str]]  # {"role", "content"}, shaped by the model's chat template
+    params: SamplingParams
+
+
+InferenceFailureCode = Literal["model_not_found", "context_length_exceeded", "invalid_request", "internal_error"]

@@ -38,7 +38,7 @@ def closed_port_url() -> str:
         return f"http://127.0.0.1:{sock.getsockname()[1]}"
 
 
-def test_each_bad_file_ends_in_error_naming_file_and_line_and_the_server_keeps_serving(
+def test_bad_data_ends_in_error_naming_file_and_line_and_the_server_keeps_serving(
     start_server: Any, tiny_model: Path
 ) -> None:
     server = start_server(env={"HF_ENDPOINT": closed_port_url(), "HF_HUB_OFFLINE": "", "HF_DATASETS_OFFLINE": ""})

@@ -1,5 +1,6 @@
 """Fixtures for the reliability tests: the app under a real uvicorn in this process
-(with a stand-in worker, for load and fuzzing), and a launcher that starts no process."""
+(with a stand-in worker, for load and fuzzing, or real children with test hooks:
+hooked_child.py), and a launcher that starts no process."""
 
 from __future__ import annotations
 

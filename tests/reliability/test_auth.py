@@ -1,5 +1,6 @@
 """No one let in: the server will not go on the network without a token, and with a
-token every route but /health wants it (the stream included)."""
+token every route but /health wants it (the stream and the OpenAI-compatible /v1/
+routes included; those answer in OpenAI's error shape)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from fastapi.routing import APIRoute
 from fastapi.testclient import TestClient
 
 from finetune_studio.api import auth
-from finetune_studio.api.app import API_PREFIX, create_app
+from finetune_studio.api.app import API_PREFIXES, OPENAI_PREFIX, create_app
 from finetune_studio.config import Settings
 from finetune_studio.errors import UnsafeSettings
 from tests.reliability.conftest import InstantLauncher, dataset, start_body
@@ -72,6 +73,15 @@ def _calls(app: Any, job_id: str) -> list[tuple[str, str]]:
     ]
 
 
+def refusal(path: str, body: dict[str, Any]) -> str:
+    """The words of a 401: OpenAI's shape under /v1/ (its clients raise AuthenticationError), FastAPI's elsewhere."""
+    if path.startswith(OPENAI_PREFIX):
+        assert set(body) == {"error"} and body["error"]["type"] == "invalid_request_error"
+        assert body["error"]["code"] == "invalid_api_key" and body["error"]["param"] is None
+        return str(body["error"]["message"])
+    return str(body["detail"])
+
+
 def test_with_a_token_every_route_but_health_wants_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     compared: list[tuple[bytes, bytes]] = []
     compare_digest = hmac.compare_digest
@@ -88,7 +98,8 @@ def test_with_a_token_every_route_but_health_wants_it(tmp_path: Path, monkeypatc
         data = dataset(settings.data_dir)  # exposed: only paths under the data dir are accepted
         job_id = client.post("/train/start", json=start_body(data), headers=good).json()["job_id"]
         calls = _calls(app, job_id)
-        assert ("GET", f"/train/stream/{job_id}") in calls and ("HEAD", "/health") in calls and len(calls) == 8
+        assert ("GET", f"/train/stream/{job_id}") in calls and ("HEAD", "/health") in calls
+        assert ("GET", "/v1/models") in calls and ("POST", "/v1/chat/completions") in calls and len(calls) == 10
 
         for method, path in calls:
             if path == "/health":
@@ -99,7 +110,7 @@ def test_with_a_token_every_route_but_health_wants_it(tmp_path: Path, monkeypatc
                 response = client.request(method, path, headers=headers)
                 assert response.status_code == 401, (method, path, headers, response.status_code)
                 assert response.headers["www-authenticate"] == "Bearer"
-                assert "FINETUNE_STUDIO_TOKEN" in response.json()["detail"]
+                assert "FINETUNE_STUDIO_TOKEN" in refusal(path, response.json())
                 assert job_id not in response.text
                 if given is not None:  # a Bearer token: compared with the expected one in constant time
                     assert compared == [(given, TOKEN.encode())], (method, path, headers, compared)
@@ -108,7 +119,7 @@ def test_with_a_token_every_route_but_health_wants_it(tmp_path: Path, monkeypatc
         routers = [getattr(route, "original_router", None) for route in app.routes]  # what include_router added
         routes = [route for router in routers if router is not None for route in router.routes]
         unguarded = {route.path for route in routes if isinstance(route, APIRoute)} - {"/health"}
-        assert unguarded and not [path for path in unguarded if not path.startswith(API_PREFIX)]
+        assert unguarded and not [path for path in unguarded if not path.startswith(API_PREFIXES)]
 
         # Every method on every API path, HEAD included, and a Bearer with nothing after it
         # (what an empty token would have matched): 401 before any routing.
@@ -126,6 +137,7 @@ def test_with_a_token_every_route_but_health_wants_it(tmp_path: Path, monkeypatc
         assert compared == [(TOKEN.encode(), TOKEN.encode())]
         assert stream.status_code == 200 and "event: status" in stream.text
         assert client.get("/train/jobs", headers=good).json()["count"] == 1
+        assert client.get("/v1/models", headers=good).json()["object"] == "list"
         # Only the web page's static files are served without it; they hold no job data.
         page = client.get("/")
         assert page.status_code == 200 and job_id not in page.text

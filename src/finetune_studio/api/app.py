@@ -22,10 +22,11 @@ from starlette.routing import Match, Mount
 from starlette.types import Scope
 
 from finetune_studio import __version__
+from finetune_studio.api import openai_errors
 from finetune_studio.api.auth import TokenGuard
 from finetune_studio.api.body_limit import DeclaredBodyLimit, too_large_message
 from finetune_studio.api.deps import Studio
-from finetune_studio.api.routes import health, train
+from finetune_studio.api.routes import chat, health, train
 from finetune_studio.api.streaming import StudioApp
 from finetune_studio.config import Settings, token_problem
 from finetune_studio.errors import StartRefused, StudioError, UnsafeSettings
@@ -33,21 +34,29 @@ from finetune_studio.jobs.lock import DataDirLock
 from finetune_studio.jobs.service import JobService
 from finetune_studio.jobs.store import JobStore
 from finetune_studio.schemas import SECRET_FIELDS
+from finetune_studio.supervisor.inference import INFERENCE_MODULE, InferenceManager, UnloadingLauncher
 from finetune_studio.supervisor.launcher import LocalProcessLauncher, WorkerLauncher
 from finetune_studio.supervisor.supervisor import Supervisor
 from finetune_studio.text import clean_text
 
 WEB_DIR = Path(__file__).resolve().parent.parent / "web"
 API_PREFIX = train.router.prefix + "/"  # every path under it wants the token, when one is set
+OPENAI_PREFIX = chat.router.prefix + "/"  # the same, and its errors come in OpenAI's shape
+API_PREFIXES = (API_PREFIX, OPENAI_PREFIX)
 log = logging.getLogger("finetune_studio")
 
 
 def create_app(
-    settings: Settings, launcher: Optional[WorkerLauncher] = None, *, data_dir_lock: Optional[DataDirLock] = None
+    settings: Settings,
+    launcher: Optional[WorkerLauncher] = None,
+    *,
+    data_dir_lock: Optional[DataDirLock] = None,
+    inference_module: str = INFERENCE_MODULE,
 ) -> FastAPI:
     """The app. It takes its data dir's lock when it starts (DataDirInUse if another
     server has it), unless the caller already holds it and passes it as `data_dir_lock`
-    (the CLI does, to refuse before anything else starts); the caller then keeps it."""
+    (the CLI does, to refuse before anything else starts); the caller then keeps it.
+    Chat runs in `python -m <inference_module>` (tests name a stand-in)."""
     if not settings.is_loopback() and settings.token is None:
         # The CLI says this first; this guard holds for any other way of serving the app.
         raise UnsafeSettings(
@@ -67,14 +76,19 @@ def create_app(
             settings.jobs_dir.mkdir(parents=True, exist_ok=True)
             store = JobStore(settings.db_path)
             service = JobService(store, settings.jobs_dir)
-            supervisor = Supervisor(service, launcher or LocalProcessLauncher(settings.worker_python), settings)
-            app.state.studio = Studio(settings, service, supervisor)
+            inference = InferenceManager(settings, inference_module)
+            training: WorkerLauncher = launcher or LocalProcessLauncher(settings.worker_python)
+            if settings.unload_chat_for_training:
+                training = UnloadingLauncher(training, inference)
+            supervisor = Supervisor(service, training, settings)
+            app.state.studio = Studio(settings, service, supervisor, inference)
             await supervisor.start()
             keepalive = asyncio.create_task(service.keep_streams_alive(), name="stream keep-alive")
             try:
                 yield
             finally:
                 keepalive.cancel()
+                await inference.shutdown()
                 await supervisor.shutdown()
                 store.close()
         finally:
@@ -88,14 +102,19 @@ def create_app(
         lifespan=lifespan,
     )
     if settings.token is not None:
-        app.add_middleware(TokenGuard, token=settings.token.get_secret_value(), prefixes=(API_PREFIX,))
+        app.add_middleware(
+            TokenGuard, token=settings.token.get_secret_value(), prefixes=(API_PREFIX,), openai_prefixes=(OPENAI_PREFIX,)
+        )
     # Added last, so it runs first: an over-long declared body is refused unread.
     app.add_middleware(DeclaredBodyLimit, max_bytes=settings.max_request_bytes)
     app.include_router(health.router)
     app.include_router(train.router, max_body_size=settings.max_request_bytes)
+    app.include_router(chat.router, max_body_size=settings.max_request_bytes)
 
     @app.exception_handler(StudioError)
     async def studio_error(request: Request, exc: StudioError) -> JSONResponse:
+        if request.url.path.startswith(OPENAI_PREFIX):
+            return openai_errors.studio_error(exc)
         # A message may quote a file name or a request's text: it must encode whatever they hold.
         text = clean_text(str(exc))
         if isinstance(exc, StartRefused):
@@ -107,6 +126,10 @@ def create_app(
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
         if exc.status_code == 413:  # a body without Content-Length that grew past the limit
             exc = StarletteHTTPException(413, too_large_message(settings.max_request_bytes))
+        if request.url.path.startswith(OPENAI_PREFIX):
+            if exc.status_code == 400 and exc.__cause__ is not None:
+                return openai_errors.not_json(str(exc.__cause__))
+            return openai_errors.http_error(exc.status_code, exc.detail, request.method, request.url.path, exc.headers)
         if exc.status_code == 400 and exc.__cause__ is not None:
             # FastAPI could not read the body at all (not UTF-8, say): a schema error like bad JSON, 422.
             error = {"type": "json_invalid", "loc": ["body", 0], "msg": "JSON decode error", "input": {},
@@ -116,6 +139,8 @@ def create_app(
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        if request.url.path.startswith(OPENAI_PREFIX):
+            return openai_errors.validation_error(exc.errors())  # OpenAI's 400, echoing no input
         # FastAPI echoes each wrong input; a request's tokens must never come back.
         return JSONResponse({"detail": jsonable_encoder(scrub_errors(exc.errors()))}, status_code=422)
 
@@ -134,7 +159,7 @@ class UiMount(Mount):
 
     def matches(self, scope: Scope) -> tuple[Match, Scope]:
         path = scope.get("path", "")
-        if scope["type"] == "http" and (path.startswith(API_PREFIX) or path == "/health"):
+        if scope["type"] == "http" and (path.startswith(API_PREFIXES) or path == "/health"):
             return Match.NONE, {}
         return super().matches(scope)
 

@@ -5,6 +5,9 @@ route (present and future) and costs one header lookup and one constant-time
 comparison, with no per-route dependency to resolve. `/health`, the OpenAPI page
 and the web UI's static files stay open: they hold no job data, and the page must
 load before it can ask its user for the token.
+
+Under the OpenAI-compatible paths (`openai_prefixes`), the 401 comes in OpenAI's
+error shape, which OpenAI's clients turn into their authentication error.
 """
 
 from __future__ import annotations
@@ -14,18 +17,29 @@ import hmac
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from finetune_studio.openai_wire import error_body
+
 UNAUTHORIZED = "missing or wrong API token: send Authorization: Bearer <FINETUNE_STUDIO_TOKEN>"
+OPENAI_UNAUTHORIZED = (
+    "missing or wrong API key: send the server's token (FINETUNE_STUDIO_TOKEN) as the API key"
+    " (api_key=... in OpenAI's clients, or Authorization: Bearer <token>)"
+)
 
 
 class TokenGuard:
-    def __init__(self, app: ASGIApp, token: str, prefixes: tuple[str, ...]) -> None:
+    def __init__(self, app: ASGIApp, token: str, prefixes: tuple[str, ...], openai_prefixes: tuple[str, ...] = ()) -> None:
         self.app = app
         self.expected = token.encode()
-        self.prefixes = prefixes
+        self.prefixes = prefixes + openai_prefixes
+        self.openai_prefixes = openai_prefixes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["path"].startswith(self.prefixes) and not self._authorized(scope):
-            response = JSONResponse({"detail": UNAUTHORIZED}, status_code=401, headers={"WWW-Authenticate": "Bearer"})
+            if scope["path"].startswith(self.openai_prefixes):
+                body = error_body(OPENAI_UNAUTHORIZED, "invalid_request_error", code="invalid_api_key")
+            else:
+                body = {"detail": UNAUTHORIZED}
+            response = JSONResponse(body, status_code=401, headers={"WWW-Authenticate": "Bearer"})
             await response(scope, receive, send)
             return
         await self.app(scope, receive, send)

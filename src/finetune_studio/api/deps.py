@@ -1,4 +1,4 @@
-"""The routes' dependencies: the studio (settings, job service, supervisor) and the job.
+"""The routes' dependencies: the studio (settings, job service, supervisor, inference) and the job.
 
 Both are `async def`, so they run on the event loop like the routes: the SQLite
 store is used from that one thread only (a plain `def` would run in a thread pool,
@@ -18,6 +18,7 @@ from fastapi import Depends, Request
 from finetune_studio.config import Settings
 from finetune_studio.jobs.service import JobService
 from finetune_studio.jobs.store import JobRecord
+from finetune_studio.supervisor.inference import InferenceManager
 from finetune_studio.supervisor.supervisor import Supervisor
 
 
@@ -28,6 +29,7 @@ class Studio:
     settings: Settings
     service: JobService
     supervisor: Supervisor
+    inference: InferenceManager
 
 
 def studio_of(request: Request) -> Studio:

@@ -23,6 +23,8 @@ KEEPALIVE = b": keep-alive\n\n"
 # chunk stays in the server's memory until its client has read it, so this bounds
 # what one slow reader costs; a 300-byte progress event is ~200 to a chunk.
 CHUNK_BYTES = 64 * 1024
+# The most bytes `sse_frame` adds to an event's data (names, the id, line breaks).
+FRAME_OVERHEAD = 48
 
 
 def sse_frame(event: StoredEvent) -> bytes:

@@ -20,7 +20,7 @@ from typing import Any, Optional, cast
 
 from finetune_studio.bounds import bound_status
 from finetune_studio.errors import InvalidTransition, StudioError
-from finetune_studio.jobs.feed import CHUNK_BYTES, KEEPALIVE, EventFeed, sse_frame
+from finetune_studio.jobs.feed import CHUNK_BYTES, FRAME_OVERHEAD, KEEPALIVE, EventFeed, sse_frame
 from finetune_studio.jobs.phases import PHASES, TERMINAL
 from finetune_studio.jobs.store import JobRecord, JobStore, StoredEvent
 from finetune_studio.schemas import Phase, TrainingProgress, TrainingStatus
@@ -185,11 +185,15 @@ class JobService:
                 if feed.finished:
                     return  # the terminal event was at or before after_id
             else:
-                events = self.store.events_after(job_id, cursor, limit=REPLAY_PAGE, max_bytes=CHUNK_BYTES)
+                events = self.store.events_after(
+                    job_id, cursor, limit=REPLAY_PAGE, max_bytes=CHUNK_BYTES, row_overhead=FRAME_OVERHEAD
+                )
                 if events:
-                    yield b"".join(sse_frame(event) for event in events)
-                    cursor = events[-1].id
-                    if events[-1].is_terminal_status:
+                    chunk = b"".join(sse_frame(event) for event in events)
+                    cursor, ended = events[-1].id, events[-1].is_terminal_status
+                    events.clear()  # not held while the client reads the chunk
+                    yield chunk
+                    if ended:
                         return
                     continue
                 # Caught up with the database, and no feed reaches back here: the job

@@ -238,10 +238,11 @@ class JobStore:
         return [_record(row) for row in rows]
 
     def events_after(
-        self, job_id: str, after_id: int, limit: int = 1000, max_bytes: Optional[int] = None
+        self, job_id: str, after_id: int, limit: int = 1000, max_bytes: Optional[int] = None, row_overhead: int = 0
     ) -> list[StoredEvent]:
         """Up to `limit` events after `after_id`; with `max_bytes`, the page ends with
-        the event that brings its data to that many bytes (rows past it are not read)."""
+        the event that brings it to that many bytes, each event counting its data and
+        `row_overhead` (the caller's framing); rows past it are not read."""
         rows = self._db.execute(
             "SELECT id, kind, data FROM events WHERE job_id = ? AND id > ? ORDER BY id LIMIT ?",
             (job_id, after_id, limit),
@@ -252,7 +253,7 @@ class JobStore:
         size = 0
         for row in rows:
             page.append(StoredEvent(job_id, int(row[0]), str(row[1]), _servable(str(row[2]))))
-            size += len(row[2])
+            size += len(row[2]) + row_overhead
             if size >= max_bytes:
                 break
         return page

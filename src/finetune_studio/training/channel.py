@@ -82,7 +82,7 @@ class Channel:
         self._stop = stop
         self._lock = threading.Lock()
         self.warnings: list[str] = []
-        self._more_warnings = 0  # distinct warnings past MAX_WARNINGS: counted, not kept
+        self._more_warnings = 0  # warnings past MAX_WARNINGS: counted, not kept (so a repeat of one counts again)
 
     def _send(self, message: Message) -> None:
         try:

@@ -56,7 +56,7 @@ export const connectionLog = [];
  *
  * onEvent({id, kind, data}) gets each event once, in id order. onState({state, ...})
  * reports: connecting, live, reconnecting (attempt, delayMs, reason), unauthorized,
- * gone (404), ended (terminal status seen), closed.
+ * gone (404, or 416: a cursor past the job's last event), ended (terminal status seen), closed.
  */
 export class JobStream {
   constructor(jobId, { lastEventId = 0, onEvent, onState }) {
@@ -107,7 +107,9 @@ export class JobStream {
           failures = 0;
           continue;
         }
-        if (response.status === 404) {
+        if (response.status === 404 || response.status === 416) {
+          // No such job, or this page holds events past the job's last one (the
+          // server's data was replaced): retrying cannot help.
           this.onState({ state: "gone" });
           return;
         }

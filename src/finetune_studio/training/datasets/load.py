@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from finetune_studio.text import invalid_text_locations
+from finetune_studio.training.channel import JobFailure
 from finetune_studio.training.datasets.errors import (
     DATASET_INVALID,
     NESTED_TOO_DEEPLY,
@@ -39,8 +41,6 @@ from finetune_studio.training.datasets.shapes import (
     mapping_converter,
     undetectable,
 )
-from finetune_studio.text import invalid_text_locations
-from finetune_studio.training.channel import JobFailure
 
 if TYPE_CHECKING:
     from finetune_studio.schemas import TrainingStartRequest

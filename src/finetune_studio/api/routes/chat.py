@@ -1,0 +1,224 @@
+"""The OpenAI-compatible chat routes of DESIGN.md section 7: GET /v1/models and
+POST /v1/chat/completions (whole, or streamed as `chat.completion.chunk` lines
+closed by `data: [DONE]`).
+
+Generation runs in the inference child (`supervisor/inference.py`); a route sends
+its request there and turns the child's messages into OpenAI's answer. A streamed
+answer starts only once the child has read the prompt, so that a request it cannot
+serve (an unloadable model, a prompt over the context) still gets its 4xx status.
+A client that goes away is noticed (the stream's end, or a disconnect while it
+waits) and its request is cancelled in the child.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Awaitable
+from typing import Any, Optional, TypeVar, Union
+
+from fastapi import APIRouter, Request, Response, status
+from fastapi.responses import JSONResponse
+
+from finetune_studio.api.deps import StudioDep
+from finetune_studio.api.served_models import resolve_model, served_models
+from finetune_studio.api.streaming import BoundedEventStream
+from finetune_studio.errors import ChatError, InferenceUnavailable, InvalidChatRequest, ModelNotFound
+from finetune_studio.openai_wire import (
+    AssistantMessage,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    Choice,
+    ChunkChoice,
+    Delta,
+    ErrorResponse,
+    FinishReason,
+    ModelList,
+    Usage,
+    error_body,
+)
+from finetune_studio.supervisor.inference import Generation
+from finetune_studio.wire import SamplingParams
+
+router = APIRouter(prefix="/v1", tags=["openai"])
+Responses = dict[Union[int, str], dict[str, Any]]
+DONE = b"data: [DONE]\n\n"
+# nginx's code for "the client closed the request": what is logged for an answer nobody reads.
+_CLIENT_GONE = 499
+_T = TypeVar("_T")
+
+_ERRORS: Responses = {
+    status.HTTP_400_BAD_REQUEST: {"model": ErrorResponse, "description": "A bad parameter; `error.param` names it"},
+    status.HTTP_404_NOT_FOUND: {"model": ErrorResponse, "description": "No such model, or a job with nothing to serve yet"},
+    status.HTTP_503_SERVICE_UNAVAILABLE: {"model": ErrorResponse, "description": "The inference process died; the message says why"},
+}
+_STREAM: Responses = {
+    status.HTTP_200_OK: {
+        "description": "A `chat.completion`, or with `stream: true` Server-Sent Events: `data: <chat.completion.chunk>`"
+        " lines closed by `data: [DONE]`",
+        "content": {"text/event-stream": {"schema": {"type": "string"}}},
+    }
+}
+
+
+@router.get("/models")
+async def list_models(studio: StudioDep) -> ModelList:
+    """The models this server serves: every job that saved an adapter or model (id = the job id),
+    and every base model a job loaded (id = its `model_name`)."""
+    return ModelList(data=served_models(studio.service.store))
+
+
+@router.post("/chat/completions", response_model=ChatCompletion, responses={**_STREAM, **_ERRORS})
+async def chat_completions(body: ChatCompletionRequest, request: Request, studio: StudioDep) -> Response:
+    """OpenAI's chat completion over a trained job or a base model. `temperature: 0` is greedy."""
+    model = resolve_model(studio.service.store, body.model)
+    params: SamplingParams = {
+        "temperature": 1.0 if body.temperature is None else body.temperature,
+        "top_p": 1.0 if body.top_p is None else body.top_p,
+        "max_tokens": body.token_limit,
+        "stop": body.stops,
+        "seed": body.seed,
+    }
+    messages = [{"role": message.template_role, "content": message.text} for message in body.messages]
+    generation = await studio.inference.generate(model, messages, params)
+    streaming = False
+    try:
+        started = await _unless_disconnected(request, generation.next())
+        if started is None:
+            return Response(status_code=_CLIENT_GONE)
+        _raise_if_failed(started)
+        created = int(time.time())
+        if body.stream:
+            include_usage = bool(body.stream_options and body.stream_options.include_usage)
+            chunks = _chunks(generation, body.model, created, int(started.get("prompt_tokens", 0)), include_usage)
+            response = BoundedEventStream(
+                chunks,
+                stall_seconds=studio.settings.stream_stall_seconds,
+                on_close=generation.close,
+                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+            )
+            streaming = True  # the stream owns the generation now: it closes it however it ends
+            return response
+        answer = await _unless_disconnected(request, _collect(generation, body.model, created, started))
+        if answer is None:
+            return Response(status_code=_CLIENT_GONE)
+        return JSONResponse(answer.model_dump(mode="json"))
+    finally:
+        if not streaming:
+            generation.close()  # a no-op once the answer is complete; otherwise it cancels it in the child
+
+
+async def _collect(generation: Generation, model: str, created: int, started: dict[str, Any]) -> ChatCompletion:
+    parts: list[str] = []
+    while True:
+        message = await generation.next()
+        kind = message.get("type")
+        if kind == "delta":
+            parts.append(str(message.get("text", "")))
+        elif kind == "done":
+            return ChatCompletion(
+                id=generation.id,
+                created=created,
+                model=model,
+                choices=[Choice(message=AssistantMessage(content="".join(parts)), finish_reason=_finish(message))],
+                usage=_usage(message, started),
+            )
+        else:
+            _raise_if_failed(message)
+
+
+async def _chunks(
+    generation: Generation, model: str, created: int, prompt_tokens: int, include_usage: bool
+) -> AsyncIterator[bytes]:
+    def chunk(delta: Delta, finish: Optional[FinishReason] = None) -> bytes:
+        choice = ChunkChoice(delta=delta, finish_reason=finish)
+        return _sse(ChatCompletionChunk(id=generation.id, created=created, model=model, choices=[choice]))
+
+    yield chunk(Delta(role="assistant", content=""))
+    while True:
+        message = await generation.next()
+        kind = message.get("type")
+        if kind == "delta":
+            if message.get("text"):
+                yield chunk(Delta(content=str(message["text"])))
+        elif kind == "done":
+            yield chunk(Delta(), _finish(message))
+            if include_usage:
+                usage = _usage(message, {"prompt_tokens": prompt_tokens})
+                yield _sse(ChatCompletionChunk(id=generation.id, created=created, model=model, choices=[], usage=usage))
+            yield DONE
+            return
+        elif kind in ("failed", "crashed"):
+            # Headers are sent: the error goes in the stream, as OpenAI does (the SDK raises it).
+            error = _error_of(message)
+            body = error_body(str(error), error.error_type, error.param, error.code)
+            yield b"data: " + json.dumps(body).encode() + b"\n\n"
+            return
+
+
+def _sse(chunk: ChatCompletionChunk) -> bytes:
+    data = chunk.model_dump(mode="json")
+    for choice in data["choices"]:
+        # A delta carries only what it adds, as OpenAI's do.
+        choice["delta"] = {key: value for key, value in choice["delta"].items() if value is not None}
+    if chunk.usage is None:
+        del data["usage"]
+    return b"data: " + json.dumps(data, ensure_ascii=False).encode() + b"\n\n"
+
+
+def _finish(message: dict[str, Any]) -> FinishReason:
+    return "length" if message.get("finish_reason") == "length" else "stop"
+
+
+def _usage(done: dict[str, Any], started: dict[str, Any]) -> Usage:
+    usage = done.get("usage") or {}
+    prompt = int(usage.get("prompt_tokens", started.get("prompt_tokens", 0)))
+    completion = int(usage.get("completion_tokens", 0))
+    return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
+
+
+def _error_of(message: dict[str, Any]) -> ChatError:
+    """The error a `failed` (from the child) or `crashed` (the child died) message stands for."""
+    text = str(message.get("message") or "the inference process failed without saying why")
+    if message.get("type") == "crashed":
+        return InferenceUnavailable(text)
+    code = message.get("code")
+    param = message.get("param")
+    param = str(param) if param is not None else None
+    if code == "model_not_found":
+        return ModelNotFound(text)
+    if code == "context_length_exceeded":
+        return InvalidChatRequest(text, param=param or "messages", code="context_length_exceeded")
+    if code == "invalid_request":
+        return InvalidChatRequest(text, param=param)
+    return ChatError(text, param=param, code=str(code) if code else None)
+
+
+def _raise_if_failed(message: dict[str, Any]) -> None:
+    if message.get("type") in ("failed", "crashed"):
+        raise _error_of(message)
+    if message.get("type") != "started":
+        raise ChatError(f"the inference process answered {message.get('type')!r} where it should have started the request")
+
+
+async def _unless_disconnected(request: Request, work: Awaitable[_T]) -> Optional[_T]:
+    """`work`'s result, or None when the client disconnects first (the work is cancelled)."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_disconnect(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for pending in (task, watcher):
+            if not pending.done():
+                pending.cancel()
+    if task.cancelled() or not task.done():
+        return None
+    return task.result()
+
+
+async def _disconnect(request: Request) -> None:
+    """Returns when the client has gone (the body is read: what `receive` gives next is the disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass

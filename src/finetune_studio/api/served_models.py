@@ -1,0 +1,128 @@
+"""Which models the chat routes serve, and what the inference child loads for each.
+
+Two kinds of model id:
+
+- a job id: a job that completed, or was stopped after saving, with its `adapter/`
+  (LoRA: its base model plus the adapter) or `model/` (full fine-tuning: a base of
+  its own). The base comes from the job's `job.json`, which the training child
+  wrote when it resolved the request's `model_name` (a folder, a `.gguf` file or a
+  hub id), so chat loads exactly the model the job trained on.
+- a base model: the `model_name` of a job that got as far as loading it (it has a
+  `job.json`), served with no adapter.
+
+Anything else, and a job with nothing to serve (queued, running, failed, stopped
+before saving), is a `ModelNotFound` that says which and what to do.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Optional
+
+from finetune_studio.errors import JobNotFound, ModelNotFound
+from finetune_studio.jobs.store import JobRecord, JobStore
+from finetune_studio.openai_wire import Model
+from finetune_studio.wire import JobFolder, ModelRef
+
+_MODELS_HINT = "GET /v1/models lists what this server serves"
+
+
+def served_models(store: JobStore) -> list[Model]:
+    """Every servable job (newest first), then every base model a job loaded."""
+    jobs: list[Model] = []
+    bases: dict[str, int] = {}
+    for job in store.list_jobs():
+        if _output(job) is not None:
+            jobs.append(Model(id=job.id, created=int(job.created_at)))
+        name = job.request.get("model_name")
+        if isinstance(name, str) and JobFolder(Path(job.output_dir)).job_file.is_file():
+            bases[name] = min(bases.get(name, int(job.created_at)), int(job.created_at))
+    return jobs + [Model(id=name, created=created) for name, created in bases.items()]
+
+
+def resolve_model(store: JobStore, model_id: str) -> ModelRef:
+    """What the inference child loads for `model_id`, or ModelNotFound saying why not."""
+    try:
+        job = store.get_job(model_id)
+    except JobNotFound:
+        return _base_model(store, model_id)
+    output = _output(job)
+    if output is None:
+        raise ModelNotFound(_nothing_to_serve(job))
+    kind, folder = output
+    record = _job_file(job)
+    trust = bool(record.get("trust_remote_code", False))
+    if kind == "model_dir":  # full fine-tuning: the saved model is a base of its own
+        return {"base": {"kind": "folder", "location": str(folder)}, "adapter": None, "trust_remote_code": trust}
+    return {"base": _base_of(job, record), "adapter": str(folder), "trust_remote_code": trust}
+
+
+def _output(job: JobRecord) -> Optional[tuple[str, Path]]:
+    """The saved adapter or model of a finished job, when its folder is there."""
+    if job.phase not in ("completed", "stopped"):
+        return None
+    details = job.status.get("details") or {}
+    for kind in ("adapter_dir", "model_dir"):
+        location = details.get(kind)
+        if isinstance(location, str) and Path(location).is_dir():
+            return kind, Path(location)
+    return None
+
+
+def _nothing_to_serve(job: JobRecord) -> str:
+    status = f"(GET /train/status/{job.id})"
+    if job.phase == "idle":
+        return f"job {job.id} is queued and has no model to serve yet: chat with it once it has completed {status}"
+    if job.phase == "error":
+        reason = job.status.get("error") or "no reason was recorded"
+        return f"job {job.id} failed and saved no model to serve ({reason}); {_MODELS_HINT}"
+    details = job.status.get("details") or {}
+    if job.phase in ("completed", "stopped"):
+        named = details.get("adapter_dir") or details.get("model_dir")
+        if named:
+            return f"job {job.id}'s saved model {named} is no longer there; {_MODELS_HINT}"
+        return f"job {job.id} was {job.phase} before it saved a model, so there is nothing to serve; {_MODELS_HINT}"
+    return (
+        f"job {job.id} is still running (phase {job.phase}) and has no model to serve yet: chat with it once it has"
+        f" completed, or stop it and chat with what it saved {status}"
+    )
+
+
+def _job_file(job: JobRecord) -> dict[str, Any]:
+    path = JobFolder(Path(job.output_dir)).job_file
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ModelNotFound(f"job {job.id} has no readable job file ({path}: {exc}), so its base model is unknown") from None
+    if not isinstance(record, dict):
+        raise ModelNotFound(f"job {job.id}'s job file {path} is not a JSON object, so its base model is unknown")
+    return record
+
+
+def _base_of(job: JobRecord, record: dict[str, Any]) -> dict[str, str]:
+    base = record.get("base_model")
+    if not (isinstance(base, dict) and isinstance(base.get("kind"), str) and isinstance(base.get("location"), str)):
+        raise ModelNotFound(f"job {job.id}'s job file names no base model, so its adapter cannot be loaded")
+    return {"kind": base["kind"], "location": base["location"]}
+
+
+def _base_model(store: JobStore, name: str) -> ModelRef:
+    """A base model by a job's `model_name`: the newest job that loaded it says where it is."""
+    used = False
+    for job in store.list_jobs():
+        if job.request.get("model_name") != name:
+            continue
+        used = True
+        if JobFolder(Path(job.output_dir)).job_file.is_file():
+            record = _job_file(job)
+            return {"base": _base_of(job, record), "adapter": None, "trust_remote_code": bool(record.get("trust_remote_code", False))}
+    if used:
+        raise ModelNotFound(
+            f"the base model {name!r} has not been loaded by any job yet (its jobs are queued or failed before loading"
+            f" it); {_MODELS_HINT}"
+        )
+    raise ModelNotFound(
+        f"the model {name!r} does not exist: name a finished job's id, or the model_name of a job's base model;"
+        f" {_MODELS_HINT}"
+    )

@@ -1,0 +1,39 @@
+"""Choosing the next token from the last position's logits.
+
+`temperature` 0 is greedy: the argmax, exactly as transformers' `generate(do_sample=False)`
+picks it (over float32 logits). Otherwise softmax(logits / temperature), kept to the
+smallest set of most likely tokens whose probabilities reach `top_p` (nucleus
+sampling; the most likely token always stays), and drawn with the request's own
+`torch.Generator`, so a seed gives the same answer whatever else runs beside it.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+
+def make_generator(device: torch.device, seed: Optional[int]) -> torch.Generator:
+    """A generator on the logits' device, seeded with `seed`, or from the OS when None."""
+    generator = torch.Generator(device=device)
+    if seed is None:
+        generator.seed()
+    else:
+        generator.manual_seed(seed)
+    return generator
+
+
+def next_token(logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator) -> int:
+    """The next token id; `logits` is the float32 vector of the last position."""
+    if temperature == 0:
+        return int(torch.argmax(logits).item())
+    probs = torch.softmax(logits / temperature, dim=-1)
+    if top_p < 1:
+        sorted_probs, order = torch.sort(probs, descending=True)
+        # A token is dropped when the more likely ones before it already reach top_p.
+        before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
+        sorted_probs = sorted_probs.masked_fill(before >= top_p, 0.0)
+        choice = torch.multinomial(sorted_probs, num_samples=1, generator=generator)
+        return int(order[choice].item())
+    return int(torch.multinomial(probs, num_samples=1, generator=generator).item())

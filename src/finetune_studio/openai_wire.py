@@ -1,0 +1,225 @@
+"""OpenAI's wire models for chat (DESIGN.md section 7): the request, the answer, its
+streamed chunks, the model list and the error shape.
+
+Field names and values are OpenAI's, so that any OpenAI client (the official SDK,
+LangChain, curl) talks to the server unchanged. Only what the server serves is
+modelled; other fields of OpenAI's request are accepted and ignored, except those
+whose meaning cannot be honoured (`n` above 1), which are refused with a 400 that
+names them. This module holds no logic beyond field validation.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import InitErrorDetails, PydanticCustomError
+
+from finetune_studio.text import invalid_text_locations
+
+OWNED_BY = "finetune-studio"
+# OpenAI takes at most 4 stop sequences; a few more cost nothing here.
+MAX_STOP_SEQUENCES = 16
+FinishReason = Literal["stop", "length"]
+# OpenAI's `developer` role is its newer name for `system`: chat templates know only the latter.
+Role = Literal["system", "developer", "user", "assistant"]
+
+
+# -- the request ----------------------------------------------------------------
+
+
+class ChatMessage(BaseModel):
+    """One message of the conversation. `content` may be a string or a list of text parts
+    (`{"type": "text", "text": ...}`), as OpenAI allows; other parts (images, audio) are refused."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    role: Role
+    content: Union[str, list[dict[str, Any]], None] = None
+    name: Optional[str] = None
+
+    @field_validator("content")
+    @classmethod
+    def _text_parts_only(cls, value: Union[str, list[dict[str, Any]], None]) -> Union[str, list[dict[str, Any]], None]:
+        if isinstance(value, list):
+            for part in value:
+                if part.get("type") != "text" or not isinstance(part.get("text"), str):
+                    raise PydanticCustomError(
+                        "content_part",
+                        "only text parts ({\"type\": \"text\", \"text\": ...}) can be served; got a part of type {kind}",
+                        {"kind": repr(part.get("type"))},
+                    )
+        return value
+
+    @property
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(str(part["text"]) for part in self.content)
+
+    @property
+    def template_role(self) -> str:
+        """The role as chat templates know it."""
+        return "system" if self.role == "developer" else self.role
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    include_usage: bool = False
+
+
+class ChatCompletionRequest(BaseModel):
+    """`POST /v1/chat/completions`: OpenAI's request, the fields this server honours."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str = Field(min_length=1, description="A job id (its adapter or model) or a base model a job used: see GET /v1/models")
+    messages: list[ChatMessage] = Field(min_length=1)
+    temperature: Optional[float] = Field(default=None, ge=0, le=2, description="0 is greedy (default 1)")
+    top_p: Optional[float] = Field(default=None, gt=0, le=1, description="nucleus sampling (default 1)")
+    max_tokens: Optional[int] = Field(default=None, ge=1, description="default: the rest of the model's context")
+    max_completion_tokens: Optional[int] = Field(default=None, ge=1, description="OpenAI's newer name for max_tokens; wins over it")
+    stop: Union[str, list[str], None] = Field(default=None, description="text that ends the answer (not included in it)")
+    seed: Optional[int] = Field(default=None, ge=0, le=2**64 - 1, description="the same seed and request give the same answer")
+    stream: Optional[bool] = False
+    stream_options: Optional[StreamOptions] = None
+    n: Optional[int] = Field(default=None, description="must be 1: one choice per request")
+    user: Optional[str] = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _valid_unicode(cls, data: Any) -> Any:
+        # A lone surrogate cannot be encoded for the inference child (see text.py).
+        errors = [
+            InitErrorDetails(
+                type=PydanticCustomError("invalid_text", "the {what} is not valid Unicode (it holds a lone surrogate)", {"what": what}),
+                loc=where,
+                input=cleaned,
+            )
+            for where, what, cleaned in invalid_text_locations(data)
+        ]
+        if errors:
+            raise ValidationError.from_exception_data(cls.__name__, errors)
+        return data
+
+    @field_validator("n")
+    @classmethod
+    def _one_choice(cls, value: Optional[int]) -> Optional[int]:
+        if value is not None and value != 1:
+            raise PydanticCustomError(
+                "n_unsupported", "this server returns one choice per request: send n=1 (or leave n out), and send {n} requests for {n} answers",
+                {"n": value},
+            )
+        return value
+
+    @field_validator("stop")
+    @classmethod
+    def _usable_stops(cls, value: Union[str, list[str], None]) -> Union[str, list[str], None]:
+        stops = [value] if isinstance(value, str) else list(value or [])
+        if any(stop == "" for stop in stops):
+            raise PydanticCustomError("stop_empty", "an empty stop string would end every answer before it starts: leave it out", {})
+        if len(stops) > MAX_STOP_SEQUENCES:
+            raise PydanticCustomError("stop_too_many", "at most {limit} stop strings", {"limit": MAX_STOP_SEQUENCES})
+        return value
+
+    @property
+    def stops(self) -> list[str]:
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+
+    @property
+    def token_limit(self) -> Optional[int]:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+
+# -- the answer -----------------------------------------------------------------
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class Choice(BaseModel):
+    index: int = 0
+    message: AssistantMessage
+    logprobs: None = None
+    finish_reason: FinishReason
+
+
+class ChatCompletion(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[Choice]
+    usage: Usage
+    system_fingerprint: Optional[str] = None
+
+
+class Delta(BaseModel):
+    role: Optional[Literal["assistant"]] = None
+    content: Optional[str] = None
+
+
+class ChunkChoice(BaseModel):
+    index: int = 0
+    delta: Delta
+    logprobs: None = None
+    finish_reason: Optional[FinishReason] = None
+
+
+class ChatCompletionChunk(BaseModel):
+    """One `data:` line of a streamed answer. The last one, when the request asked for
+    `stream_options.include_usage`, has no choices and carries `usage`."""
+
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChunkChoice]
+    usage: Optional[Usage] = None
+    system_fingerprint: Optional[str] = None
+
+
+# -- models ---------------------------------------------------------------------
+
+
+class Model(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = OWNED_BY
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[Model]
+
+
+# -- errors ---------------------------------------------------------------------
+
+class ErrorBody(BaseModel):
+    message: str
+    type: str
+    param: Optional[str] = None
+    code: Optional[str] = None
+
+
+class ErrorResponse(BaseModel):
+    """OpenAI's error shape: what the SDK turns into its exception types by status code."""
+
+    error: ErrorBody
+
+
+def error_body(message: str, type: str, param: Optional[str] = None, code: Optional[str] = None) -> dict[str, Any]:
+    """`{"error": {message, type, param, code}}` as JSON-ready data."""
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}

@@ -1,0 +1,171 @@
+"""A stand-in inference child for the chat routes' tests: speaks the wire of
+`finetune_studio.wire` (bottom), loads no model.
+
+    python -m tests.unit.fake_inference_child --max-loaded N --idle-seconds S
+
+It answers by echoing the last user message word by word ("a b c" -> "a ", "b ",
+"c"), one word per request per turn, round-robin over every active request as the
+real child does, and honours `max_tokens` ("length") and `stop` ("stop", text cut
+before it). Its context is 64 "tokens" (words of every message). Special last user
+messages:
+
+- `__model__`: answers with the request's ModelRef as JSON (what the server resolved);
+- `__params__`: answers with the request's sampling params as JSON;
+- `forever`: "tick " every 10 ms until max_tokens or a cancel;
+- `hang`: starts, then never says anything more (until cancelled);
+- `fail internal`: a `failed` message with code internal_error.
+
+It logs every command to stderr (the server's inference.log): `cancelled <id>`,
+`unloaded`, `args <argv>`; tests read the log to see what the child was told.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+CONTEXT = 64
+
+
+def send(message: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(message) + "\n")
+    sys.stdout.flush()
+
+
+def note(text: str) -> None:
+    sys.stderr.write(text + "\n")
+    sys.stderr.flush()
+
+
+@dataclass
+class Request:
+    id: str
+    words: list[str]
+    prompt_tokens: int
+    max_tokens: Optional[int]
+    stops: list[str]
+    forever: bool = False
+    hang: bool = False
+    text: str = ""
+    emitted: int = 0  # characters of `text` already sent
+    tokens: int = 0
+    next_at: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def read_commands(commands: queue.Queue[Optional[dict[str, Any]]]) -> None:
+    for line in sys.stdin:
+        if line.strip():
+            commands.put(json.loads(line))
+    commands.put(None)  # EOF: the server is gone
+
+
+def start(command: dict[str, Any]) -> Optional[Request]:
+    messages = command["messages"]
+    last = next((m["content"] for m in reversed(messages) if m["role"] == "user"), "")
+    params = command["params"]
+    prompt_tokens = sum(len(m["content"].split()) + 1 for m in messages)
+    max_tokens = params["max_tokens"]
+    if prompt_tokens + (max_tokens or 0) > CONTEXT:
+        param = "messages" if prompt_tokens >= CONTEXT else "max_tokens"
+        send({"type": "failed", "id": command["id"], "code": "context_length_exceeded", "param": param,
+              "message": f"the prompt ({prompt_tokens} tokens) and max_tokens ({max_tokens}) exceed the context of {CONTEXT}"})
+        return None
+    if last == "fail internal":
+        send({"type": "failed", "id": command["id"], "code": "internal_error", "param": None, "message": "the fake child failed on purpose"})
+        return None
+    if last == "__model__":
+        words = [json.dumps(command["model"], sort_keys=True)]
+    elif last == "__params__":
+        words = [json.dumps(params, sort_keys=True)]
+    else:
+        split = last.split(" ")
+        words = [word + " " for word in split[:-1]] + [split[-1]]
+    send({"type": "started", "id": command["id"], "prompt_tokens": prompt_tokens})
+    stops = [] if last in ("__model__", "__params__") else list(params["stop"])  # the JSON answered whole
+    return Request(command["id"], words, prompt_tokens, max_tokens or CONTEXT - prompt_tokens, stops,
+                   forever=last == "forever", hang=last == "hang")
+
+
+def step(request: Request) -> bool:
+    """One token of the request; True when it is finished."""
+    if request.forever:
+        word = "tick "
+    elif request.tokens < len(request.words):
+        word = request.words[request.tokens]
+    else:
+        finish(request, "stop")
+        return True
+    request.tokens += 1
+    request.text += word
+    for stop in request.stops:
+        at = request.text.find(stop)
+        if at >= 0:
+            request.text = request.text[:at]
+            flush(request)
+            finish(request, "stop")
+            return True
+    flush(request)
+    if request.max_tokens is not None and request.tokens >= request.max_tokens:
+        finish(request, "length")
+        return True
+    return False
+
+
+def flush(request: Request) -> None:
+    # Hold back what could still become a stop string, as the real child does.
+    hold = max((len(stop) - 1 for stop in request.stops), default=0)
+    upto = max(request.emitted, len(request.text) - hold)
+    if upto > request.emitted:
+        send({"type": "delta", "id": request.id, "text": request.text[request.emitted:upto]})
+        request.emitted = upto
+
+
+def finish(request: Request, reason: str) -> None:
+    if len(request.text) > request.emitted:
+        send({"type": "delta", "id": request.id, "text": request.text[request.emitted:]})
+    usage = {"prompt_tokens": request.prompt_tokens, "completion_tokens": request.tokens,
+             "total_tokens": request.prompt_tokens + request.tokens}
+    send({"type": "done", "id": request.id, "finish_reason": reason, "usage": usage})
+
+
+def main() -> int:
+    note(f"args {' '.join(sys.argv[1:])}")
+    commands: queue.Queue[Optional[dict[str, Any]]] = queue.Queue()
+    threading.Thread(target=read_commands, args=(commands,), daemon=True).start()
+    active: dict[str, Request] = {}
+    send({"type": "ready"})
+    while True:
+        working = [r for r in active.values() if not r.hang]
+        try:
+            command = commands.get(timeout=0.005) if working else commands.get()
+        except queue.Empty:
+            command = {}
+        if command is None:
+            return 0
+        kind = command.get("type")
+        if kind == "generate":
+            request = start(command)
+            if request is not None:
+                active[request.id] = request
+        elif kind == "cancel":
+            if active.pop(command["id"], None) is not None:
+                note(f"cancelled {command['id']}")
+        elif kind == "unload":
+            note("unloaded")
+        now = time.monotonic()
+        for request in list(active.values()):  # one token each, in turn
+            if request.hang or (request.forever and now < request.next_at):
+                continue
+            request.next_at = now + 0.01
+            if step(request):
+                del active[request.id]
+
+
+if __name__ == "__main__":
+    sys.exit(main())
