@@ -44,9 +44,13 @@ class Trained:
     job_id: str
     adapter: Path
     stopped_job_id: str
+    client: Optional[openai.OpenAI] = None
 
     def sdk(self) -> openai.OpenAI:
-        return openai.OpenAI(base_url=f"{self.server.url}/v1", api_key=TOKEN, max_retries=0, timeout=300)
+        """The official client, with no retries: each test sees the server's first answer."""
+        if self.client is None:
+            self.client = openai.OpenAI(base_url=f"{self.server.url}/v1", api_key=TOKEN, max_retries=0, timeout=300)
+        return self.client
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +74,10 @@ def trained(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> Itera
             wait_for(lambda: client.progress(stopped), timeout=300, what="the second job's first step")
             client.stop(stopped)
             wait_for(lambda: client.status(stopped)["phase"] == "stopped", timeout=300, what="the second job to stop")
-        yield Trained(server, tiny_model, job_id, Path(final["details"]["adapter_dir"]), stopped)
+        found = Trained(server, tiny_model, job_id, Path(final["details"]["adapter_dir"]), stopped)
+        yield found
+        if found.client is not None:
+            found.client.close()
     finally:
         server.stop()
 
@@ -162,8 +169,9 @@ def test_bad_requests_are_answered_as_the_sdk_expects(trained: Trained) -> None:
     with pytest.raises(openai.NotFoundError) as unknown:
         sdk.chat.completions.create(model="no/such-model", messages=TRAINED)
     assert unknown.value.code == "model_not_found"
-    with pytest.raises(openai.AuthenticationError):
-        openai.OpenAI(base_url=f"{trained.server.url}/v1", api_key="not-the-token-at-all", max_retries=0).models.list()
+    with openai.OpenAI(base_url=f"{trained.server.url}/v1", api_key="not-the-token-at-all", max_retries=0) as stranger:
+        with pytest.raises(openai.AuthenticationError):
+            stranger.models.list()
 
 
 def inference_child(server: ServerProcess) -> Optional[int]:

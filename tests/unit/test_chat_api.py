@@ -97,6 +97,7 @@ class ChatServer:
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.http = httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=60)
+        self.clients: dict[str, openai.OpenAI] = {}
 
     def __enter__(self) -> ChatServer:
         self.thread.start()
@@ -106,6 +107,8 @@ class ChatServer:
 
     def __exit__(self, *exc: object) -> None:
         self.http.close()
+        for client in self.clients.values():
+            client.close()
         self.server.should_exit = True
         self.thread.join(timeout=60)
 
@@ -119,7 +122,10 @@ class ChatServer:
         return path.read_text() if path.exists() else ""
 
     def sdk(self, api_key: str = TOKEN) -> openai.OpenAI:
-        return openai.OpenAI(base_url=f"{self.url}/v1", api_key=api_key, max_retries=0, timeout=60)
+        """The official client, with no retries: each test sees the server's first answer."""
+        if api_key not in self.clients:
+            self.clients[api_key] = openai.OpenAI(base_url=f"{self.url}/v1", api_key=api_key, max_retries=0, timeout=60)
+        return self.clients[api_key]
 
     def job(self, mode: str, phase: Optional[str] = None) -> str:
         data = self.settings.data_dir / "d.jsonl"

@@ -146,6 +146,8 @@ def test_format_seconds() -> None:
 
 def test_progress_line() -> None:
     assert progress_line(PROGRESS) == "step 15/60   25.0%  loss 2.3125  lr 2.00e-04  eta 01:15"
+    diverged = {**PROGRESS, "loss": None, "loss_finite": False}
+    assert progress_line(diverged) == "step 15/60   25.0%  loss not finite  lr 2.00e-04  eta 01:15"
     assert progress_line({**PROGRESS, "eval_loss": 2.5, "eta_seconds": None}).endswith("eta --:--  eval_loss 2.5000")
 
 

@@ -45,11 +45,16 @@ def _number(value: Any, spec: str) -> str:
     return "-" if value is None else format(float(value), spec)
 
 
+def loss_text(progress: dict[str, Any]) -> str:
+    """The step's loss; "not finite" when the trainer logged NaN or infinity (sent as null)."""
+    return "not finite" if progress.get("loss_finite") is False else _number(progress.get("loss"), ".4f")
+
+
 def progress_line(progress: dict[str, Any]) -> str:
     """One step's metrics as a line: 'step 15/60  25.0%  loss 2.3125  lr 2.00e-04  eta 01:15'."""
     line = (
         f"step {progress['step']}/{progress['total_steps']}  {float(progress['progress_percent']):5.1f}%"
-        f"  loss {_number(progress.get('loss'), '.4f')}  lr {_number(progress.get('learning_rate'), '.2e')}"
+        f"  loss {loss_text(progress)}  lr {_number(progress.get('learning_rate'), '.2e')}"
         f"  eta {format_seconds(progress.get('eta_seconds'))}"
     )
     if progress.get("eval_loss") is not None:
@@ -152,7 +157,7 @@ class LiveView:
                 self.console.print(Text(line), highlight=False)
         elif event.kind == "progress":
             data = event.data
-            loss, lr = _number(data.get("loss"), ".4f"), _number(data.get("learning_rate"), ".2e")
+            loss, lr = loss_text(data), _number(data.get("learning_rate"), ".2e")
             elapsed, eta = format_seconds(data.get("elapsed_seconds")), format_seconds(data.get("eta_seconds"))
             if self._task is None:
                 self._task = self.progress.add_task("training", total=data["total_steps"])

@@ -102,6 +102,8 @@ class _Child:
 
 
 class InferenceManager:
+    """The chat child's owner in the server (see the module docstring); one per app."""
+
     def __init__(self, settings: Settings, module: str = INFERENCE_MODULE, python: Optional[str] = None) -> None:
         self.settings = settings
         self.module = module
@@ -138,7 +140,11 @@ class InferenceManager:
             "messages": list(messages),
             "params": params,
         }
-        await child.send(dict(command))
+        try:
+            await child.send(dict(command))
+        except BaseException:  # cancelled while the pipe was full: the request must not linger
+            generation.close()
+            raise
         return generation
 
     async def unload(self) -> None:

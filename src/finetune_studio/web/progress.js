@@ -32,7 +32,8 @@ export class ProgressTiles {
     set("#s-percent", p ? fmt.percent(percent) : "–");
     set("#s-elapsed", p ? fmt.duration(p.elapsed_seconds) : "–");
     set("#s-eta", fmt.TERMINAL.has(phase) ? (done ? "done" : "–") : p ? fmt.duration(p.eta_seconds) : "–");
-    set("#s-loss", p ? fmt.metric(p.loss) : "–");
+    // A NaN or infinite loss arrives as null with loss_finite false: say so, not "–".
+    set("#s-loss", p ? (p.loss_finite === false ? "not finite" : fmt.metric(p.loss)) : "–");
     set("#s-lr", p ? fmt.rate(p.learning_rate) : "–");
     set("#s-epoch", p && p.epoch != null ? p.epoch.toFixed(2) : "–");
     set("#s-tokens", p && p.num_tokens != null ? fmt.integer(p.num_tokens) : "–");

@@ -40,6 +40,7 @@ from finetune_studio.openai_wire import (
     error_body,
 )
 from finetune_studio.supervisor.inference import Generation
+from finetune_studio.text import clean_text
 from finetune_studio.wire import SamplingParams
 
 router = APIRouter(prefix="/v1", tags=["openai"])
@@ -116,7 +117,7 @@ async def _collect(generation: Generation, model: str, created: int, started: di
         message = await generation.next()
         kind = message.get("type")
         if kind == "delta":
-            parts.append(str(message.get("text", "")))
+            parts.append(_text(message))
         elif kind == "done":
             return ChatCompletion(
                 id=generation.id,
@@ -141,8 +142,9 @@ async def _chunks(
         message = await generation.next()
         kind = message.get("type")
         if kind == "delta":
-            if message.get("text"):
-                yield chunk(Delta(content=str(message["text"])))
+            text = _text(message)
+            if text:
+                yield chunk(Delta(content=text))
         elif kind == "done":
             yield chunk(Delta(), _finish(message))
             if include_usage:
@@ -166,6 +168,11 @@ def _sse(chunk: ChatCompletionChunk) -> bytes:
     if chunk.usage is None:
         del data["usage"]
     return b"data: " + json.dumps(data, ensure_ascii=False).encode() + b"\n\n"
+
+
+def _text(delta: dict[str, Any]) -> str:
+    # The child decodes with replacement characters; this holds whatever it sends (see text.py).
+    return clean_text(str(delta.get("text") or ""))
 
 
 def _finish(message: dict[str, Any]) -> FinishReason:
