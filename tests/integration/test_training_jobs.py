@@ -31,10 +31,27 @@ pytestmark = pytest.mark.train
 SEED_ORDER = ["idle", "loading_model", "loading_dataset", "configuring", "training", "completed"]
 
 
-def test_a_job_trains_to_completed_and_moves_the_weights(shared_server: ServerProcess, tiny_model: Path) -> None:
+@pytest.fixture(scope="module")
+def missing_then_trained(
+    shared_server: ServerProcess, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[str, str, Path]:
+    """A job on a model that does not exist, and a good one (6 steps) queued behind it,
+    both run to their end: (the failed job, the trained job, the missing model's path)."""
+    missing = tmp_path_factory.mktemp("nothing") / "no-such-model"
+    with shared_server.client() as client:
+        failed = client.start(job_request(missing))
+        trained = client.start(job_request(tiny_model, max_steps=6))
+        for job_id in (failed, trained):
+            collect(client, job_id)
+    return failed, trained, missing
+
+
+def test_a_job_trains_to_completed_and_moves_the_weights(
+    shared_server: ServerProcess, missing_then_trained: tuple[str, str, Path]
+) -> None:
     server = shared_server
+    job_id = missing_then_trained[1]
     with server.client() as client:
-        job_id = client.start(job_request(tiny_model, max_steps=6))
         events = collect(client, job_id)
 
         assert [e.id for e in events] == list(range(1, len(events) + 1))
@@ -69,17 +86,18 @@ def test_a_job_trains_to_completed_and_moves_the_weights(shared_server: ServerPr
 
 
 def test_a_missing_model_ends_in_error_and_the_server_keeps_serving(
-    shared_server: ServerProcess, tiny_model: Path, tmp_path: Path
+    shared_server: ServerProcess, missing_then_trained: tuple[str, str, Path], tiny_model: Path
 ) -> None:
     server = shared_server
+    failed, trained, missing = missing_then_trained
     with server.client() as client:
-        missing_model = client.start(job_request(tmp_path / "no-such-model"))
-
-        model_events = collect(client, missing_model)
+        model_events = collect(client, failed)
         assert phases(model_events) == ["idle", "loading_model", "error"]
         error = model_events[-1].data
         assert error["details"]["error_code"] == "model_not_found"
-        assert str(tmp_path / "no-such-model") in error["error"] and "does not exist" in error["error"]
+        assert str(missing) in error["error"] and "does not exist" in error["error"]
+        # The job queued behind it trained (its events: the test above).
+        assert client.status(trained)["phase"] == "completed"
 
         # A dataset path that does not exist is refused at once, with the reason.
         refused = httpx.post(f"{server.url}/train/start", json=job_request(tiny_model, local_datasets=["/nope.jsonl"]))
@@ -87,8 +105,6 @@ def test_a_missing_model_ends_in_error_and_the_server_keeps_serving(
         assert refused.json()["status"] == "error" and "/nope.jsonl" in refused.json()["error"]
 
         assert client.health() == {"status": "ok"}
-        good = client.start(job_request(tiny_model, max_steps=2))
-        assert phases(collect(client, good))[-1] == "completed"
 
 
 def test_a_restarted_server_serves_old_jobs_and_ends_orphans(start_server, tiny_model: Path, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

@@ -52,6 +52,23 @@ def test_a_body_over_the_limit_gets_413_naming_the_limit(small_limits: TestClien
     assert get_settings().max_request_bytes == 1024 * 1024  # the default: 1 MiB
 
 
+def test_a_chat_body_over_the_limit_gets_413_in_openais_shape(small_limits: TestClient) -> None:
+    chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    json_type = {"content-type": "application/json"}
+    declared = small_limits.post("/v1/chat/completions", content=_padded(chat, 4097), headers=json_type)
+    chunked = small_limits.post("/v1/chat/completions", content=iter([_padded(chat, 20_000)]), headers=json_type)
+    for response in (declared, chunked):
+        assert response.status_code == 413
+        error = response.json()["error"]
+        assert set(error) == {"message", "type", "param", "code"}
+        assert (error["type"], error["code"]) == ("invalid_request_error", "request_too_large")
+        assert "over this server's limit of 4096 bytes; a chat request carries the whole conversation" in error["message"]
+        assert "FINETUNE_STUDIO_MAX_REQUEST_BYTES" in error["message"]
+    # A body that fits goes on to the route (which finds no such model).
+    fits = small_limits.post("/v1/chat/completions", content=_padded(chat, 4096), headers=json_type)
+    assert fits.status_code == 404 and fits.json()["error"]["code"] == "model_not_found"
+
+
 def test_a_dataset_file_over_the_limit_is_refused_naming_the_file_and_the_limit(
     small_limits: TestClient, tmp_path: Path
 ) -> None:

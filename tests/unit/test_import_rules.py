@@ -33,7 +33,8 @@ def loaded_by(names: list[str], watched: tuple[str, ...]) -> list[str]:
 
 
 SERVER_SIDE = modules("jobs", "api", "supervisor", "cli") + ["finetune_studio.wire", "finetune_studio.paths",
-                                                          "finetune_studio.schemas", "finetune_studio.config"]
+                                                          "finetune_studio.schemas", "finetune_studio.config",
+                                                          "finetune_studio.openai_wire"]
 
 
 def test_server_side_modules_import_nothing_heavy() -> None:
@@ -43,11 +44,18 @@ def test_server_side_modules_import_nothing_heavy() -> None:
 def test_the_lists_are_not_empty() -> None:
     assert "finetune_studio.api.app" in SERVER_SIDE and "finetune_studio.cli.main" in SERVER_SIDE
     assert "finetune_studio.training.child" in modules("training")
+    assert "finetune_studio.inference.child" in modules("inference")
+    assert {"finetune_studio.api.routes.chat", "finetune_studio.supervisor.inference", "finetune_studio.cli.chat"} <= set(SERVER_SIDE)
 
 
 def test_the_child_entry_imports_no_web_framework_and_nothing_heavy_before_it_runs() -> None:
     # The child announces `loading_model` before it imports torch (a fraction of a second).
     assert loaded_by(["finetune_studio.training.child", "finetune_studio.training.recipe"], WEB + HEAVY) == []
+
+
+def test_the_chat_child_imports_no_web_framework_and_nothing_heavy_before_it_is_ready() -> None:
+    # It says `ready` before it imports torch, so the server knows at once that it started.
+    assert loaded_by(["finetune_studio.inference.child"], WEB + HEAVY) == []
 
 
 def test_the_check_sees_what_a_module_loads() -> None:

@@ -24,7 +24,7 @@ from starlette.types import Scope
 from finetune_studio import __version__
 from finetune_studio.api import openai_errors
 from finetune_studio.api.auth import TokenGuard
-from finetune_studio.api.body_limit import DeclaredBodyLimit, too_large_message
+from finetune_studio.api.body_limit import DeclaredBodyLimit, too_large_body
 from finetune_studio.api.deps import Studio
 from finetune_studio.api.routes import chat, health, train
 from finetune_studio.api.streaming import StudioApp
@@ -106,7 +106,7 @@ def create_app(
             TokenGuard, token=settings.token.get_secret_value(), prefixes=(API_PREFIX,), openai_prefixes=(OPENAI_PREFIX,)
         )
     # Added last, so it runs first: an over-long declared body is refused unread.
-    app.add_middleware(DeclaredBodyLimit, max_bytes=settings.max_request_bytes)
+    app.add_middleware(DeclaredBodyLimit, max_bytes=settings.max_request_bytes, openai_prefixes=(OPENAI_PREFIX,))
     app.include_router(health.router)
     app.include_router(train.router, max_body_size=settings.max_request_bytes)
     app.include_router(chat.router, max_body_size=settings.max_request_bytes)
@@ -125,7 +125,8 @@ def create_app(
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
         if exc.status_code == 413:  # a body without Content-Length that grew past the limit
-            exc = StarletteHTTPException(413, too_large_message(settings.max_request_bytes))
+            body = too_large_body(settings.max_request_bytes, openai=request.url.path.startswith(OPENAI_PREFIX))
+            return JSONResponse(body, status_code=413)
         if request.url.path.startswith(OPENAI_PREFIX):
             if exc.status_code == 400 and exc.__cause__ is not None:
                 return openai_errors.not_json(str(exc.__cause__))

@@ -5,34 +5,53 @@ body as it is read, chunked ones included, and its 413 goes through the app's er
 handler. A request that declares a `Content-Length` over the limit, though, would
 get a bare "Content Too Large" from it; `DeclaredBodyLimit` answers those first,
 before reading anything.
+
+Under the OpenAI-compatible paths the 413 comes in OpenAI's error shape (what its
+clients read), and says what a chat request must fit; elsewhere it is FastAPI's
+`{"detail": ...}`. `too_large_body` is the one answer for both ways of noticing.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from finetune_studio.openai_wire import error_body
 
-def too_large_message(limit: int) -> str:
+
+def too_large_message(limit: int, chat: bool = False) -> str:
+    what = (
+        "a chat request carries the whole conversation, which must fit in it: shorten or drop earlier messages"
+        if chat
+        else "a training request is a small JSON document that names dataset files by path"
+    )
     return (
-        f"the request body is over this server's limit of {limit} bytes; a training request is a small JSON"
-        " document that names dataset files by path (the operator sets the limit with"
+        f"the request body is over this server's limit of {limit} bytes; {what} (the operator sets the limit with"
         " FINETUNE_STUDIO_MAX_REQUEST_BYTES)"
     )
 
 
+def too_large_body(limit: int, openai: bool) -> dict[str, Any]:
+    """The 413's body: OpenAI's error shape under its paths, FastAPI's elsewhere."""
+    if openai:
+        return error_body(too_large_message(limit, chat=True), "invalid_request_error", None, "request_too_large")
+    return {"detail": too_large_message(limit)}
+
+
 class DeclaredBodyLimit:
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int, openai_prefixes: tuple[str, ...] = ()) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.openai_prefixes = openai_prefixes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             declared = dict(scope["headers"]).get(b"content-length", b"")
             if declared.isdigit() and int(declared) > self.max_bytes:
-                response = JSONResponse(
-                    {"detail": too_large_message(self.max_bytes)}, status_code=413, headers={"Connection": "close"}
-                )
+                body = too_large_body(self.max_bytes, openai=scope["path"].startswith(self.openai_prefixes))
+                response = JSONResponse(body, status_code=413, headers={"Connection": "close"})
                 await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)

@@ -11,8 +11,10 @@ it forever: 100 such clients of a job with large events once held 1.8 GB.
 `stall_seconds` for the client to read, or the transport holds more than
 `MAX_BUFFERED_BYTES`, it aborts the connection, which frees its buffer at once
 (`close()` would wait for the client to read it first); so it does when a finished
-stream's client does not read its end. The client reconnects with `Last-Event-ID`
-and misses nothing. A client that reads keeps the buffer empty and pays for none of
+stream's client does not read its end. A job's client reconnects with
+`Last-Event-ID` and misses nothing; a streamed chat answer cannot be resumed, and
+a dropped chat client's request is cancelled in the chat child, as when a client
+leaves by itself. A client that reads keeps the buffer empty and pays for none of
 this: a chunk goes straight to `send` while nothing waits. The socket's send
 buffer in the kernel is capped too (`SEND_BUFFER_BYTES`), so a silent client costs
 the machine little beyond the process.
@@ -36,7 +38,8 @@ from fastapi import FastAPI
 from fastapi.sse import EventSourceResponse
 from starlette.types import Message, Receive, Scope, Send
 
-STREAM_PATHS = ("/train/stream/",)
+# Every path that answers with a BoundedEventStream: a job's events, and a streamed chat answer.
+STREAM_PATHS = ("/train/stream/", "/v1/chat/completions")
 TRANSPORT = "finetune_studio.transport"
 # Only a server without flow control lets a buffer grow past its high-water mark
 # plus one chunk; uvicorn never does.

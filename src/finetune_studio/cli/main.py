@@ -1,4 +1,4 @@
-"""The `finetune-studio` command: serve, train, watch, jobs, status, stop, export, demo, make-tiny-model."""
+"""The `finetune-studio` command: serve, train, watch, jobs, status, stop, chat, export, demo, make-tiny-model."""
 
 from __future__ import annotations
 
@@ -180,7 +180,7 @@ def _setting(text: str) -> tuple[str, Any]:
         return key, raw
 
 
-def _client_options(parser: argparse.ArgumentParser, output_json_help: str) -> None:
+def _client_options(parser: argparse.ArgumentParser, output_json_help: Optional[str]) -> None:
     parser.add_argument(
         "--server", "--url", dest="server", default=os.environ.get("FINETUNE_STUDIO_URL", DEFAULT_SERVER),
         help=f"the server's URL (default {DEFAULT_SERVER}, or FINETUNE_STUDIO_URL)",
@@ -189,7 +189,8 @@ def _client_options(parser: argparse.ArgumentParser, output_json_help: str) -> N
         "--token", default=os.environ.get("FINETUNE_STUDIO_TOKEN"),
         help="the server's API token (default FINETUNE_STUDIO_TOKEN)",
     )
-    parser.add_argument("--output-json", action="store_true", help=output_json_help)
+    if output_json_help is not None:
+        parser.add_argument("--output-json", action="store_true", help=output_json_help)
 
 
 TRAIN_DESCRIPTION = """Queue a training job and follow it with a progress bar until it ends.
@@ -249,6 +250,70 @@ def _add_train_parser(commands: Any) -> None:
     train.add_argument("--no-start-server", action="store_true", help="never start a server; fail when none answers")
     _client_options(train, "print JSON lines (one per event, then a summary) instead of the progress bar")
     train.set_defaults(func=_train)
+
+def _chat(args: argparse.Namespace) -> int:
+    from finetune_studio.cli.chat import Terminal, run_chat
+    from finetune_studio.cli.client import StudioClient
+
+    interactive = sys.stdin.isatty()
+    if interactive:
+        with contextlib.suppress(ImportError):
+            import readline  # noqa: F401 - line editing and history for input()
+    terminal = Terminal(sys.stdin, sys.stdout, sys.stderr, interactive=interactive)
+    with StudioClient(args.server, token=args.token) as client:
+        return run_chat(client, args.job_id, base=args.base, system=args.system, temperature=args.temperature,
+                        max_tokens=args.max_tokens, terminal=terminal)
+
+
+def _number_in(low: float, high: float, kind: Callable[[str], Any]) -> Callable[[str], Any]:
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, not {text!r}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{text} is outside {low:g} to {high:g}")
+        return value
+
+    return parse
+
+
+CHAT_DESCRIPTION = """Talk to what a job trained: each line you type is a message, and the answer
+streams in as the model writes it, with the whole conversation so far as its
+context. /reset clears the conversation, /exit (or Ctrl-D) ends it, and Ctrl-C
+stops an answer. --base talks to the model the job was trained from instead.
+
+From a pipe it answers each line, printing only the answers, each followed by a
+newline:
+  echo "What is the capital of Portugal?" | finetune-studio chat JOB_ID --temperature 0
+"""
+
+CHAT_EPILOG = """JOB_ID may also be any model id that GET /v1/models lists (a base model's name).
+
+Exit status: 0 at the end of input or /exit; 1 the server failed (the chat
+process died, say) or the answer broke off; 2 the server refused the request (an
+unknown model or a job with nothing to serve yet, a bad parameter, a wrong token:
+its message is printed) or no server answered; 130 Ctrl-C at the prompt. At a
+terminal, a failed answer is reported and the conversation goes on, unless no
+later question can fare better (an unknown model, a wrong token, no server).
+"""
+
+
+def _add_chat_parser(commands: Any) -> None:
+    chat = commands.add_parser(
+        "chat", help="talk to a trained job's model (or its base) in the terminal", description=CHAT_DESCRIPTION,
+        epilog=CHAT_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    chat.add_argument("job_id", metavar="JOB_ID", help="a job that completed (or stopped after saving)")
+    chat.add_argument("--base", action="store_true", help="talk to the job's base model (the model it was trained from)")
+    chat.add_argument("--system", metavar="TEXT", help="a system message that starts the conversation")
+    chat.add_argument("--temperature", type=_number_in(0, 2, float), default=None, metavar="T",
+                      help="0 (greedy: the same answer every time) to 2 (server default 1)")
+    chat.add_argument("--max-tokens", type=_number_in(1, 2**31 - 1, int), default=None, metavar="N",
+                      help="the longest answer, in tokens (default: the rest of the model's context)")
+    _client_options(chat, None)
+    chat.set_defaults(func=_chat)
+
 
 @contextlib.contextmanager
 def running_server(data_dir: Path, port: int) -> Iterator[str]:
@@ -314,6 +379,8 @@ def build_parser() -> argparse.ArgumentParser:
     stop.add_argument("job_id")
     _client_options(stop, "print the server's JSON answer")
     stop.set_defaults(func=_client_command(_stop))
+
+    _add_chat_parser(commands)
 
     demo = commands.add_parser("demo", help="start a server, train a job end to end, and show its progress")
     demo.add_argument("--data-dir", default=None, help="the demo server's data (default ~/.finetune-studio/demo)")

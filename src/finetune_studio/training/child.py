@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import errno
-import json
 import os
 import sys
 import traceback
@@ -17,14 +16,13 @@ from collections.abc import Callable, Iterator
 from typing import IO, Optional
 
 from finetune_studio.schemas import ErrorCode
-
-from finetune_studio.wire import OUT_OF_MEMORY_ADVICE, WorkerSpec
 from finetune_studio.training.channel import (
     Channel,
     JobFailure,
     StopRequested,
     StopSignal,
 )
+from finetune_studio.wire import OUT_OF_MEMORY_ADVICE, WorkerSpec
 
 _MEMORY_WORDS = ("out of memory", "can't allocate memory", "cannot allocate memory")
 _DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
