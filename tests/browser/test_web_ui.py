@@ -134,6 +134,8 @@ def show_stored_job(page: Any, job_id: str, events: list[dict[str, Any]]) -> Non
     page.evaluate(WRITE_IDB, events)
     page.evaluate(f"location.hash = 'job={job_id}'")
     wait_js(page, f"window.__studio.jobId() === '{job_id}' && window.__studio.historyCount() === {len(events)}", 20)
+    # The view draws once per animation frame: let the frame after the data arrived pass.
+    page.evaluate("new Promise((done) => requestAnimationFrame(() => requestAnimationFrame(done)))")
 
 
 def test_form_defaults_come_from_the_request_model(server: Any, page: Any) -> None:

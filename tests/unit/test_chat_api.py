@@ -51,7 +51,7 @@ class ScriptedJob:
         self.folder.job_file.write_text(json.dumps(record))
         saved = self.folder.model if method == "full" else self.folder.adapter
         saved.mkdir()
-        return {f"{saved.name}_dir": str(saved)}
+        return {f"{saved.name}_dir": str(saved), "model_name": BASE}  # as the real child's facts say
 
     async def messages(self) -> AsyncIterator[dict[str, Any]]:
         for phase in ("loading_model", "loading_dataset", "configuring", "training"):

@@ -241,7 +241,7 @@ def converse(http: httpx.Client, conversation: Conversation, terminal: Terminal)
             if not terminal.interactive:
                 raise
             # Leaving the stream closed the connection: the server stops generating.
-            terminal.end_line()
+            terminal.write("\n")  # past the terminal's echo of ^C
             terminal.note("(stopped; this question and its answer are left out of the conversation)")
             continue
         if not terminal.interactive:

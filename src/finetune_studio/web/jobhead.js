@@ -1,7 +1,10 @@
 // The job view's header and the tab's title: the run's name, id, phase badge and
-// latest message (a queued run's place in the queue).
+// latest message (a queued run's place in the queue), and the "Chat with this
+// model" action once the run has saved a model to chat with.
 
 import * as fmt from "./format.js";
+import { isServable } from "./jobs.js";
+import { chatHash } from "./route.js";
 
 /**
  * The phase a run is in: from its own stream, else from the server's job list
@@ -27,6 +30,10 @@ export function renderHeader(root, feed, jobs) {
   if (phase === "idle" && position) message = `Waiting in the queue: position ${position}`;
   root.querySelector("#job-message").textContent = message;
   root.dataset.phase = phase;
+
+  const chat = root.querySelector("#chat-link");
+  chat.hidden = !isServable(status);
+  chat.href = chatHash(feed.jobId);
 
   // The tab's title tells how a run is doing while the page is in the background.
   const name = jobs.shortName(feed.jobId);

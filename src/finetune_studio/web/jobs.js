@@ -8,6 +8,17 @@ import { basename } from "./format.js";
 const POLL_MS = 2000;
 const NAMES_KEY = "finetune-studio.job-names";
 
+/**
+ * Whether a status says its job has a model to chat with, as GET /v1/models does:
+ * completed, or stopped after saving an adapter or a model.
+ */
+export function isServable(status) {
+  if (!status) return false;
+  const details = status.details || {};
+  if (status.phase === "completed") return true;
+  return status.phase === "stopped" && Boolean(details.adapter_dir || details.model_dir);
+}
+
 export class JobsIndex {
   /** onUpdate() after each new list; onServerState("ok" | "unauthorized" | "down"). */
   constructor({ onUpdate, onServerState }) {

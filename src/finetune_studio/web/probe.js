@@ -1,11 +1,11 @@
 // window.__studio: a small read-only window into the page for the browser tests
 // and for people debugging it (chart points, the feed's last event id, the
-// stream connections made).
+// stream connections made, the chat's conversation).
 
 import { connectionLog } from "./sse.js";
 
-/** Expose the JobView `view` and the HistoryWriter `writer` as window.__studio. */
-export function exposeProbe(view, writer) {
+/** Expose the JobView `view`, the HistoryWriter `writer` and the ChatView `chat` as window.__studio. */
+export function exposeProbe(view, writer, chat) {
   window.__studio = {
     jobId: () => view.jobId,
     phase: () => (view.feed ? view.feed.phase : null),
@@ -21,5 +21,6 @@ export function exposeProbe(view, writer) {
     connections: connectionLog,
     written: () => writer.written,
     flushed: () => writer.idle,
+    chat: () => chat.snapshot(),
   };
 }

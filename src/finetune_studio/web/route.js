@@ -1,11 +1,24 @@
 // Where the page is, kept in the location's hash: #job=<id>[&compare=<id>] names
-// the run shown and the one overlaid on its charts. Links and the back button
+// the run shown and the one overlaid on its charts; #chat=<id>[&compare=1] the
+// run chatted with (compare: beside its base model). Links and the back button
 // work because every change of view goes through the hash.
 
-/** The run shown and the one compared with it, from the hash (null when absent). */
+/**
+ * The run shown and the one compared with it, from the hash (null when absent);
+ * or `chat`, the run chatted with, and `compareBase`, whether its base answers too.
+ */
 export function currentRoute() {
   const params = new URLSearchParams(location.hash.slice(1));
-  return { job: params.get("job"), compare: params.get("compare") };
+  const chat = params.get("chat");
+  if (chat) return { job: null, compare: null, chat, compareBase: params.get("compare") === "1" };
+  return { job: params.get("job"), compare: params.get("compare"), chat: null, compareBase: false };
+}
+
+/** The hash of the chat with a run, with its "#"; `compareBase` puts its base model beside it. */
+export function chatHash(job, compareBase = false) {
+  const params = new URLSearchParams({ chat: job });
+  if (compareBase) params.set("compare", "1");
+  return `#${params}`;
 }
 
 /** The hash for a run (and optionally one compared with it), with its "#". */

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from finetune_studio.paths import is_local, local_path
+from finetune_studio.training.channel import JobFailure
 from finetune_studio.training.datasets.errors import (
     DATASET_NOT_FOUND,
     HUB_UNREACHABLE,
@@ -34,7 +35,6 @@ from finetune_studio.training.datasets.errors import (
     first_line,
 )
 from finetune_studio.training.datasets.files import Record
-from finetune_studio.training.channel import JobFailure
 
 HUB_TIMEOUT_SECONDS = 8.0
 _BATCH_ROWS = 1024
