@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from typing import Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
-from pydantic_core import InitErrorDetails, PydanticCustomError
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
-from finetune_studio.text import invalid_text_locations
+from finetune_studio.text import refuse_invalid_text
 
 OWNED_BY = "finetune-studio"
 # OpenAI takes at most 4 stop sequences; a few more cost nothing here.
@@ -93,17 +93,7 @@ class ChatCompletionRequest(BaseModel):
     @classmethod
     def _valid_unicode(cls, data: Any) -> Any:
         # A lone surrogate cannot be encoded for the inference child (see text.py).
-        errors = [
-            InitErrorDetails(
-                type=PydanticCustomError("invalid_text", "the {what} is not valid Unicode (it holds a lone surrogate)", {"what": what}),
-                loc=where,
-                input=cleaned,
-            )
-            for where, what, cleaned in invalid_text_locations(data)
-        ]
-        if errors:
-            raise ValidationError.from_exception_data(cls.__name__, errors)
-        return data
+        return refuse_invalid_text(cls.__name__, data)
 
     @field_validator("n")
     @classmethod

@@ -15,14 +15,13 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    ValidationError,
     ValidationInfo,
     field_validator,
     model_validator,
 )
-from pydantic_core import InitErrorDetails, PydanticCustomError
+from pydantic_core import PydanticCustomError
 
-from finetune_studio.text import invalid_text_locations
+from finetune_studio.text import refuse_invalid_text
 
 Phase = Literal[
     "idle",
@@ -158,22 +157,7 @@ class TrainingStartRequest(BaseModel):
     def _text_is_unicode(cls, data: Any) -> Any:
         """Refuse any string, or field name, that is not valid Unicode (a lone surrogate
         such as "\\ud800"): stored, it could never be sent back (finetune_studio/text.py)."""
-        errors = [
-            InitErrorDetails(
-                type=PydanticCustomError(
-                    "unicode_invalid",
-                    "The {what} is not valid Unicode: it holds a lone UTF-16 surrogate (\\ud800-\\udfff), which"
-                    " cannot be stored or sent back; send UTF-8 text",
-                    {"what": "field name" if what == "name" else "text"},
-                ),
-                loc=where,
-                input=cleaned,
-            )
-            for where, what, cleaned in invalid_text_locations(data)
-        ]
-        if errors:
-            raise ValidationError.from_exception_data(cls.__name__, errors)
-        return data
+        return refuse_invalid_text(cls.__name__, data)
 
     @model_validator(mode="before")
     @classmethod

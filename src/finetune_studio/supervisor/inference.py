@@ -30,19 +30,17 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Optional
 
 from finetune_studio.config import Settings
 from finetune_studio.errors import InferenceUnavailable
-from finetune_studio.supervisor.launcher import WorkerHandle, WorkerLauncher, child_environment
+from finetune_studio.supervisor.launcher import WorkerHandle, WorkerLauncher, child_environment, log_tail
 from finetune_studio.wire import MAX_MESSAGE_BYTES, GenerateCommand, ModelRef, SamplingParams, WorkerSpec
 
 INFERENCE_MODULE = "finetune_studio.inference.child"
 LOG_NAME = "inference.log"
 # Written to the log before each start, so that a crash quotes only its own child's lines.
 _START_MARK = "--- finetune-studio: inference process starting"
-_LOG_TAIL_LINES = 12
 # Messages that end a request: the child's, and the manager's own when the child died.
 FINAL = frozenset({"done", "failed", "crashed"})
 
@@ -255,7 +253,7 @@ class InferenceManager:
             returncode = await child.process.wait()
         what = describe_exit(returncode)
         log.warning("%s", what)
-        tail = log_tail(self.log_path)
+        tail = log_tail(self.log_path, after=_START_MARK)
         text = f"{what[0].upper()}{what[1:]}; the next request starts a new one."
         return text + (f" Last lines of {self.log_path}:\n{tail}" if tail else "")
 
@@ -272,22 +270,6 @@ def describe_exit(returncode: Optional[int]) -> str:
         )
         return f"the inference process was killed by {name}{advice}"
     return f"the inference process exited with code {returncode}"
-
-
-def log_tail(path: Path) -> str:
-    """The last lines the current child wrote to its log (after the last start mark)."""
-    try:
-        with open(path, "rb") as handle:
-            handle.seek(0, os.SEEK_END)
-            handle.seek(max(0, handle.tell() - 8192))
-            text = handle.read().decode("utf-8", "replace")
-    except OSError:
-        return ""
-    lines = text.splitlines()
-    starts = [index for index, line in enumerate(lines) if line.startswith(_START_MARK)]
-    if starts:
-        lines = lines[starts[-1] + 1:]
-    return "\n".join(lines[-_LOG_TAIL_LINES:])
 
 
 class UnloadingLauncher:

@@ -176,3 +176,23 @@ def is_our_worker(pid: int, job_id: str) -> bool:
     except OSError:
         return False
     return CHILD_MODULE.encode() in cmdline and job_id.encode() in cmdline
+
+
+LOG_TAIL_LINES = 12
+
+
+def log_tail(path: Path, after: Optional[str] = None, lines: int = LOG_TAIL_LINES) -> str:
+    """The last lines of a child's log (of its last 8 KiB), for an error message; with
+    `after`, only those following the last line that starts with it (the current child's)."""
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            handle.seek(max(0, handle.tell() - 8192))
+            found = handle.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return ""
+    if after is not None:
+        starts = [index for index, line in enumerate(found) if line.startswith(after)]
+        if starts:
+            found = found[starts[-1] + 1 :]
+    return "\n".join(found[-lines:])

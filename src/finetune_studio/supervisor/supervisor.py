@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -38,13 +37,13 @@ from finetune_studio.supervisor.launcher import (
     WorkerExit,
     WorkerHandle,
     WorkerLauncher,
+    log_tail,
 )
 from finetune_studio.supervisor.recovery import recover_jobs
 from finetune_studio.wire import OUT_OF_MEMORY_ADVICE, WorkerSpec
 
 log = logging.getLogger("finetune_studio.supervisor")
 
-_LOG_TAIL_LINES = 12
 
 
 @dataclass
@@ -181,7 +180,7 @@ class Supervisor:
             )
         else:
             reason = exit_info.describe()
-            tail = _log_tail(handle.log_path)
+            tail = log_tail(handle.log_path)
             self._end_if_unfinished(
                 job_id,
                 "error",
@@ -286,14 +285,3 @@ def _death_advice(exit_info: WorkerExit) -> str:
     if exit_info.signal_name != "SIGKILL":
         return ""
     return f" If no one killed it, the system most likely ran out of memory (the kernel's OOM killer). {OUT_OF_MEMORY_ADVICE}"
-
-
-def _log_tail(path: Path) -> str:
-    try:
-        with open(path, "rb") as handle:
-            handle.seek(0, os.SEEK_END)
-            handle.seek(max(0, handle.tell() - 8192))
-            lines = handle.read().decode("utf-8", "replace").splitlines()
-    except OSError:
-        return ""
-    return "\n".join(lines[-_LOG_TAIL_LINES:])
