@@ -94,3 +94,27 @@ def test_after_a_crash_a_running_job_ends_in_error_and_a_queued_one_stays(servic
     assert service.store.get_job(queued).phase == "idle"
     recover_jobs(service)  # a second recovery finds nothing left to do
     assert service.store.get_job(running).last_event_id == job.last_event_id
+
+
+def test_a_queued_job_gets_its_stored_request_back_with_only_the_secrets_it_had(service: JobService, tmp_path: Path) -> None:
+    import asyncio
+
+    from finetune_studio.config import Settings
+    from finetune_studio.supervisor.supervisor import Supervisor
+
+    async def prepare() -> list[tuple[dict[str, object], list[str]]]:
+        supervisor = Supervisor(service, launcher=None, settings=Settings(data_dir=tmp_path))  # type: ignore[arg-type]
+        stored = {"model_name": "m", "withheld_secrets": ["hf_token", "wandb_token"], "queued_warnings": ["unknown field 'x' ignored"]}
+        kept = service.create_job(stored, "Queued", {}).id
+        lost = service.create_job(stored, "Queued", {}).id
+        plain = service.create_job({"model_name": "m", "withheld_secrets": [], "queued_warnings": []}, "Queued", {}).id
+        supervisor.submit(kept, {"hf_token": "hf-secret", "wandb_token": "wb-secret"})
+        return [(active.request, active.notes) for active in
+                (supervisor._prepare(service.store.get_job(job_id)) for job_id in (kept, lost, plain))]
+
+    (kept_request, kept_notes), (lost_request, lost_notes), (plain_request, plain_notes) = asyncio.run(prepare())
+    assert kept_request == {"model_name": "m", "hf_token": "hf-secret", "wandb_token": "wb-secret"}
+    assert kept_notes == ["unknown field 'x' ignored"]
+    assert lost_request == {"model_name": "m"}  # queued before a restart: the secrets were in memory only
+    assert lost_notes[-1] == "this job was queued before a server restart and runs without hf_token and wandb_token"
+    assert plain_request == {"model_name": "m"} and plain_notes == []  # it never had any: no warning
