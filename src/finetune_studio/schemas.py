@@ -113,6 +113,17 @@ class TrainingStartRequest(BaseModel):
     custom_format_mapping: Optional[dict[str, str]] = Field(
         default=None, description='Column name to role, e.g. {"question": "user", "answer": "assistant"}.'
     )
+    bad_rows: Literal["error", "skip"] = Field(
+        default="error",
+        description='Extension. What a bad dataset row does: "error" fails the job naming every kind of problem'
+        ' (counts and first examples); "skip" trains without the bad rows and counts them.',
+    )
+    max_bad_row_fraction: float = Field(
+        default=0.05,
+        ge=0.0,
+        le=1.0,
+        description='Extension. With bad_rows "skip", the job still fails when more than this fraction of rows is bad.',
+    )
 
     # hyperparameters
     num_epochs: int = Field(default=1, ge=0, description="Passes over the data; 0 means use max_steps.")

@@ -28,13 +28,13 @@ def main() -> None:
         ),
         HERE / "bad" / "null_output.parquet",
     )
-    # row 1: the assistant speaks before any user turn
+    # row 1: the assistant answers twice in a row
     pq.write_table(
         pa.table(
             {
                 "messages": [
                     turns(("user", "Hi"), ("assistant", "Hello!")),
-                    turns(("system", "Be brief."), ("assistant", "Hello, what do you need?"), ("user", "Nothing.")),
+                    turns(("system", "Be brief."), ("user", "Hi"), ("assistant", "Hello."), ("assistant", "Well?")),
                 ]
             }
         ),

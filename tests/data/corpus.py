@@ -42,9 +42,9 @@ BAD_FILES = [
     BadFile("missing_output.jsonl", "line 4", "missing the column 'output'", _format("alpaca")),
     BadFile("two_user_turns.jsonl", "line 2", "messages[1] and messages[2] are both user turns", _format("chatml")),
     BadFile(
-        "assistant_first.jsonl",
+        "unknown_role.jsonl",
         "line 3",
-        "conversations[0] is an assistant turn before any user turn",
+        "conversations[1].from is 'bot'; expected one of system, human, user, gpt",
         _format("sharegpt"),
     ),
     # .json
@@ -58,7 +58,7 @@ BAD_FILES = [
     BadFile(
         "roles_out_of_order.parquet",
         "row 1",
-        "messages[1] is an assistant turn before any user turn",
+        "messages[2] and messages[3] are both assistant turns",
         _format("chatml"),
     ),
     BadFile(

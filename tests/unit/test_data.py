@@ -155,14 +155,11 @@ def test_chatml_accepts_openai_text_parts_and_developer_and_tool_turns(tmp_path:
         (["user", "assistant", "tool", "tool", "assistant"], None),
         (["user", "user", "assistant"], "messages[0] and messages[1] are both user turns"),
         (["user", "assistant", "assistant"], "messages[1] and messages[2] are both assistant turns"),
-        (["assistant", "user", "assistant"], "messages[0] is an assistant turn before any user turn"),
-        (["system", "assistant"], "messages[1] is an assistant turn before any user turn"),
+        (["user", "assistant", "system", "user", "assistant"], "messages[2] is a system turn"),
         (["user", "system", "assistant"], "messages[1] is a system turn; a system turn may only come first"),
         (["user", "tool", "assistant"], "messages[1] is a tool turn that does not follow an assistant turn"),
         (["user", "assistant", "tool", "user", "assistant"], "messages[3] is a user turn right after a tool turn"),
         (["user", "assistant", "user"], "the conversation ends with a user turn (messages[2])"),
-        (["user"], "the conversation has no assistant turn to learn from"),
-        (["system"], "the conversation has no assistant turn to learn from"),
     ],
 )
 def test_turn_order_rules(tmp_path: Path, roles: list[str], problem: str | None) -> None:
@@ -172,6 +169,30 @@ def test_turn_order_rules(tmp_path: Path, roles: list[str], problem: str | None)
     else:
         error = fails(lambda: load_local([path], "chatml"))
         assert isinstance(error, DatasetError) and error.where == "line 1" and problem in error.problem
+        assert error.problems == {"roles_out_of_order": {"count": 1, "examples": [
+            {"file": path, "where": "line 1", "problem": error.problem}]}}
+
+
+@pytest.mark.parametrize(
+    "roles, kept",
+    [
+        (["assistant", "user", "assistant"], ["user", "assistant"]),  # FastChat's rule
+        (["system", "assistant", "user", "assistant"], ["system", "user", "assistant"]),
+        (["system", "assistant"], None),  # nothing to learn from once the greeting goes
+        (["user"], None),
+        (["system"], None),
+    ],
+)
+def test_conventions_repair_rows_instead_of_failing_them(tmp_path: Path, roles: list[str], kept: list[str] | None) -> None:
+    good = chat(("user", "q"), ("assistant", "a"))
+    path = write(tmp_path, "c.jsonl", jsonl(good, {"messages": [{"role": r, "content": f"{r} says"} for r in roles]}))
+    data = load_local([path], "chatml")
+    if kept is None:
+        assert data.rows == [good] and data.dropped_rows == 1
+        assert "dropped 1 empty conversations (no turns, or no assistant turn, left)" in data.warnings
+    else:
+        assert [m["role"] for m in data.rows[1]["messages"]] == kept and data.dropped_rows == 0
+        assert any("dropped a leading assistant turn in 1 conversations" in w for w in data.warnings)
 
 
 def test_an_explicit_shape_that_does_not_fit_says_which_would(tmp_path: Path) -> None:
@@ -222,7 +243,7 @@ def test_custom_mapping_makes_messages_in_the_mapping_order(tmp_path: Path) -> N
 def test_custom_mapping_row_problems(tmp_path: Path, row: dict[str, Any], problem: str) -> None:
     path = write(tmp_path, "m.jsonl", jsonl({"question": "ok", "answer": "ok"}, row))
     error = fails(lambda: load_local([path], "auto", {"question": "user", "answer": "assistant"}))
-    assert error.message == f"{path}, line 2: {problem}"
+    assert error.message.startswith(f"{path}, line 2: {problem}. In all, 1 of 2 rows are bad")
 
 
 @pytest.mark.parametrize(
@@ -300,9 +321,8 @@ def test_each_good_file_type(tmp_path: Path) -> None:
 def test_json_rows_are_located_by_line_and_row(tmp_path: Path) -> None:
     rows = [{"text": "a"}, {"text": "b"}, {"text": 3}]
     pretty = write(tmp_path, "p.json", json.dumps(rows, indent=2))
-    assert (
-        fails(lambda: load_local([pretty], "raw")).message
-        == f"{pretty}, line 8 (row 2): 'text' must be a string, found a number"
+    assert fails(lambda: load_local([pretty], "raw")).message.startswith(
+        f"{pretty}, line 8 (row 2): 'text' must be a string, found a number. In all, 1 of 3 rows are bad"
     )
     wrapped = write(tmp_path, "w.json", json.dumps({"version": 1, "data": rows}))
     assert fails(lambda: load_local([wrapped], "raw")).message.startswith(f"{wrapped}, line 1 (row 2): ")
@@ -320,7 +340,7 @@ def test_csv_lines_count_multiline_fields_and_skip_empty_rows(tmp_path: Path) ->
     text = 'instruction,output\n"two\nlines",a\n\n,\nq,\n'
     path = write(tmp_path, "c.csv", text)
     error = fails(lambda: load_local([path], "alpaca"))
-    assert error.message == f"{path}, line 6: 'output' is empty"
+    assert error.message.startswith(f"{path}, line 6: 'output' is empty. In all, 1 of 2 rows are bad (50.0%)")
 
     messages = json.dumps([{"role": "user", "content": "q"}, {"role": "assistant", "content": "a, b"}])
     cell = write(tmp_path, "m.csv", "messages\n" + '"' + messages.replace('"', '""') + '"\n')
@@ -354,9 +374,8 @@ def test_parquet_conversations_and_types(tmp_path: Path) -> None:
     pq.write_table(pa.table({"text": ["fine", "also fine"]}), numbers)
     assert len(load_local([str(numbers)], "raw").rows) == 2
     pq.write_table(pa.table({"text": [1, 2]}), numbers)
-    assert (
-        fails(lambda: load_local([str(numbers)], "raw")).message
-        == f"{numbers}, row 0: 'text' must be a string, found a number"
+    assert fails(lambda: load_local([str(numbers)], "raw")).message.startswith(
+        f"{numbers}, row 0: 'text' must be a string, found a number. In all, 2 of 2 rows are bad (100.0%): wrong_type 2"
     )
     empty = tmp_path / "e.parquet"
     pq.write_table(pa.table({"text": pa.array([], pa.string())}), empty)
@@ -434,8 +453,8 @@ def test_whole_file_problems(tmp_path: Path) -> None:
             "emptyturn.jsonl",
             jsonl({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": " "}]}),
             "chatml",
-            "line 1",
-            "messages[1].content is empty",
+            "",
+            "no usable rows: all 1 rows were left out (1 empty conversations)",
         ),
         (
             "notlist.jsonl",
@@ -545,7 +564,7 @@ def test_hf_dataset_from_a_saved_folder_with_splits_and_slices(saved_dataset: Pa
     assert evaluation is not None and len(evaluation.rows) == 2
 
     error = fails(lambda: load_training_data(request(**fields, dataset_slice_start=2)))
-    assert error.message == f"{saved_dataset} (split train), row 4: 'output' is empty"
+    assert error.message.startswith(f"{saved_dataset} (split train), row 4: 'output' is empty. In all, 1 of 4 rows")
     error = fails(lambda: load_training_data(request(hf_dataset=str(saved_dataset), train_split="validation")))
     assert error.message == f"{saved_dataset}: has no split 'validation' (it has train, test); set train_split"
     error = fails(lambda: load_training_data(request(hf_dataset=str(saved_dataset), dataset_slice_start=6)))

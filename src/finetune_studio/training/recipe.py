@@ -20,7 +20,7 @@ from typing import Any, Optional
 
 from finetune_studio.schemas import Phase, TrainingStartRequest
 from finetune_studio.training.channel import Channel, JobFailure, StopSignal
-from finetune_studio.training.datasets import LoadedData, load_eval_data, load_training_data, measure
+from finetune_studio.training.datasets import DatasetError, LoadedData, load_eval_data, load_training_data, measure
 from finetune_studio.training.models import ModelSource, load_tokenizer_and_model, resolve_source
 from finetune_studio.wire import JobFolder, WorkerSpec, last_checkpoint, save_atomically
 
@@ -81,7 +81,10 @@ class Recipe:
         # tokenizer (which comes with the model) has measured them.
         try:
             train_data, eval_data = self.read_data()
-        except JobFailure:
+        except JobFailure as exc:
+            if isinstance(exc, DatasetError) and exc.problems:
+                # Every kind of bad row, counted, with its first examples: on this status and the error.
+                self.facts["dataset_problems"] = exc.problems
             self.enter("loading_dataset", "Reading and checking the dataset")  # the phase it failed in
             raise
         self.stop.check()
@@ -94,7 +97,8 @@ class Recipe:
             "loading_dataset",
             f"Read {stats['rows']} rows ({train_data.shape}{', detected' if train_data.detected else ''}):"
             f" {stats['tokens_min']}/{stats['tokens_median']}/{stats['tokens_max']} tokens per row (min/median/max),"
-            f" {stats['truncated_rows']} longer than max_seq_length",
+            f" {stats['truncated_rows']} longer than max_seq_length"
+            + (f"; {train_data.skipped_rows} bad rows skipped (bad_rows: skip)" if train_data.skipped_rows else ""),
         )
 
         self.enter("configuring", "Preparing the trainer")
@@ -193,6 +197,10 @@ class Recipe:
             self.channel.warn(warning)
         self.facts["dataset"] = {"rows": len(train_data.rows), "format": train_data.shape,
                                  "detected": train_data.detected, "files": train_data.per_file}
+        if train_data.skipped_rows or train_data.dropped_rows:
+            # rows is what is trained on; these say what was left out, and why.
+            self.facts["dataset"].update(skipped_rows=train_data.skipped_rows, problems=train_data.problems,
+                                         dropped_rows=train_data.dropped_rows)
         if eval_data is not None:
             self.facts["eval_dataset"] = {"rows": len(eval_data.rows), "format": eval_data.shape}
         return train_data, eval_data

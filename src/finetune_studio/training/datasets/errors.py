@@ -9,8 +9,13 @@
                           other (a bad custom_format_mapping, eval_split without
                           hf_dataset, a .txt file with format_type alpaca...)
 
-Inside the package, converters raise `RowProblem` with only the problem; the loader
-adds the source and the location.
+Inside the package, converters raise `RowProblem` with only the problem and its kind
+(a short stable key: missing_field, wrong_type, unknown_role, roles_out_of_order...),
+and file readers yield a `BadRecord` for a row they cannot read (bad_json,
+wrong_field_count...); the loader adds the source and the location and collects them
+in `RowProblems`, which counts every kind, keeps its first MAX_EXAMPLES examples, and
+makes the job's error: the first bad row in the usual words, then "N of M rows are
+bad (x%): kind n, ...", with `DatasetError.problems` for the status details.
 
 A message quotes what it found in the data (column names, values, a parser's
 words) through `quote`, `names` and `first_line`, which keep an excerpt of each and
@@ -45,6 +50,9 @@ QUOTE_CHARS = 80
 NAMES_SHOWN = 20
 MAX_PROBLEM_CHARS = 2_000
 MAX_SOURCE_CHARS = 500
+# Of each kind of bad row, how many are quoted (in the error and the status), and how much of each.
+MAX_EXAMPLES = 3
+MAX_EXAMPLE_CHARS = 300
 
 
 class DatasetError(JobFailure):
@@ -63,14 +71,83 @@ class DatasetError(JobFailure):
         self.source = str(source)
         self.where = where
         self.problem = problem
+        # For a failure over many bad rows: {kind: {"count", "examples"}} (RowProblems.details).
+        self.problems: dict[str, dict[str, Any]] = {}
 
 
 class RowProblem(Exception):
-    """What is wrong with one row; the loader turns it into a DatasetError."""
+    """What is wrong with one row, and its kind (a short stable key such as
+    "missing_field"); the loader counts it, and names the source and the line."""
 
-    def __init__(self, problem: str) -> None:
+    def __init__(self, problem: str, kind: str = "bad_row") -> None:
         super().__init__(problem)
         self.problem = problem
+        self.kind = kind
+
+
+class BadRecord:
+    """What a file reader yields in place of a record it could not read (a JSONL line
+    that is not JSON, a CSV row with too many fields): one bad row, not a bad file."""
+
+    def __init__(self, problem: str, kind: str) -> None:
+        self.problem = problem
+        self.kind = kind
+
+
+class RowProblems:
+    """The bad rows of a job's data, by kind: a count and the first few examples of each."""
+
+    def __init__(self) -> None:
+        self.first: DatasetError | None = None
+        self.counts: dict[str, int] = {}
+        self.examples: dict[str, list[dict[str, str]]] = {}
+
+    def add(self, kind: str, source: str, where: str, problem: str) -> None:
+        if self.first is None:
+            self.first = DatasetError(source, where, problem)
+        self.counts[kind] = self.counts.get(kind, 0) + 1
+        shown = self.examples.setdefault(kind, [])
+        if len(shown) < MAX_EXAMPLES:
+            shown.append(
+                {
+                    "file": excerpt(source, MAX_SOURCE_CHARS),
+                    "where": where,
+                    "problem": excerpt(problem, MAX_EXAMPLE_CHARS),
+                }
+            )
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    def details(self) -> dict[str, dict[str, Any]]:
+        """`{kind: {"count", "examples": [{"file", "where", "problem"}]}}`, most frequent kind first."""
+        return {kind: {"count": count, "examples": self.examples[kind]} for kind, count in self.details_counts()}
+
+    def summary(self, rows: int) -> str:
+        """"3 of 10,000 rows are bad (0.03%): unknown_role 2, bad_json 1"."""
+        kinds = ", ".join(f"{kind} {count:,}" for kind, count in self.details_counts())
+        return f"{self.total:,} of {rows:,} rows are bad ({percent(self.total, rows)}): {kinds}"
+
+    def details_counts(self) -> list[tuple[str, int]]:
+        """(kind, count), most frequent first (ties in the order first met)."""
+        return sorted(self.counts.items(), key=lambda item: -item[1])
+
+    def failure(self, rows: int, advice: str) -> DatasetError:
+        """The job's error: the first bad row in the usual words, then the counts and what to do."""
+        first = self.first
+        if first is None:
+            raise ValueError("RowProblems.failure needs at least one problem")
+        error = DatasetError(first.source, first.where, first.problem)
+        error.message = f"{error.message}. In all, {self.summary(rows)}; {advice}"
+        error.args = (error.message,)
+        error.problems = self.details()
+        return error
+
+
+def percent(part: int, whole: int) -> str:
+    value = 100 * part / whole if whole else 0.0
+    return f"{value:.2f}%" if value < 10 else f"{value:.1f}%"
 
 
 def config_error(message: str) -> JobFailure:

@@ -32,7 +32,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from finetune_studio.training.datasets.errors import NESTED_TOO_DEEPLY, DatasetError, first_line, kind_of, names, quote
+from finetune_studio.training.datasets.errors import (
+    NESTED_TOO_DEEPLY,
+    BadRecord,
+    DatasetError,
+    first_line,
+    kind_of,
+    names,
+    quote,
+)
 
 Record = tuple[str, Any]
 
@@ -105,18 +113,25 @@ def _jsonl_records(path: Path, text: str) -> Iterator[Record]:
         try:
             value = json.loads(line)
         except json.JSONDecodeError as exc:
-            hint = ""
+            problem = f"bad JSON ({exc.msg} at column {exc.colno})"
             if line.strip() in ("{", "[") or (number == 1 and line.lstrip().startswith("[")):
-                hint = "; the file looks like one JSON document: name it .json"
-            raise DatasetError(path, f"line {number}", f"bad JSON ({exc.msg} at column {exc.colno}){hint}") from None
+                # Not one bad line: the whole file is in the wrong format.
+                raise DatasetError(
+                    path, f"line {number}", f"{problem}; the file looks like one JSON document: name it .json"
+                ) from None
+            yield f"line {number}", BadRecord(problem, "bad_json")
+            continue
         except RecursionError:
-            raise DatasetError(path, f"line {number}", NESTED_TOO_DEEPLY) from None
+            yield f"line {number}", BadRecord(NESTED_TOO_DEEPLY, "nested_too_deeply")
+            continue
         if not isinstance(value, dict):
-            document = isinstance(value, list) and number == 1 and all(isinstance(item, dict) for item in value)
-            hint = "; the file looks like one JSON document: name it .json" if document else ""
-            raise DatasetError(
-                path, f"line {number}", f"each line must hold one JSON object, found {kind_of(value)}{hint}"
-            )
+            problem = f"each line must hold one JSON object, found {kind_of(value)}"
+            if isinstance(value, list) and number == 1 and all(isinstance(item, dict) for item in value):
+                raise DatasetError(
+                    path, f"line {number}", f"{problem}; the file looks like one JSON document: name it .json"
+                )
+            yield f"line {number}", BadRecord(problem, "wrong_type")
+            continue
         yield f"line {number}", value
 
 
@@ -173,7 +188,8 @@ def _rows_of(path: Path, text: str, array_at: int, lines: _LineIndex) -> Iterato
     for index, (offset, value) in enumerate(_array_items(text, array_at)):
         where = f"line {lines.line_of(offset)} (row {index})"
         if not isinstance(value, dict):
-            raise DatasetError(path, where, f"each row must be a JSON object, found {kind_of(value)}")
+            yield where, BadRecord(f"each row must be a JSON object, found {kind_of(value)}", "wrong_type")
+            continue
         yield where, value
 
 
@@ -271,12 +287,12 @@ def _csv_records(path: Path, text: str) -> Iterator[Record]:
                 seen.add(name)
             continue
         if len(cells) != len(header):
-            raise DatasetError(
-                path,
-                f"line {start}",
+            problem = (
                 f"has {len(cells)} fields but the header has {len(header)} ({names(header)});"
-                " quote fields that contain commas",
+                " quote fields that contain commas"
             )
+            yield f"line {start}", BadRecord(problem, "wrong_field_count")
+            continue
         yield f"line {start}", dict(zip(header, cells, strict=True))
 
 

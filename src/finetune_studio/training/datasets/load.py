@@ -2,8 +2,15 @@
 
 Every source the request names is used: `hf_dataset` first, then the files of
 `local_datasets` (or of `local_eval_datasets`), in order. Every record is read and
-converted before training; the first bad one raises `DatasetError` naming the
-source, the line or row, and the problem. `custom_format_mapping`, when set, reads
+converted before training. A problem with a whole source (missing, not UTF-8, not
+a JSON document, a CSV header) raises `DatasetError` at once; a bad row is counted
+by kind (`RowProblems`) and the reading goes on. Then the request's `bad_rows`
+policy decides: under "error" any bad row fails the job, naming the first one (its
+source, line or row, and problem) and then every kind with its count; under "skip"
+the bad rows are left out, counted in `LoadedData`, unless more than
+`max_bad_row_fraction` of the rows are bad. Conversations the conventions empty
+(`shapes.py`) are left out too, counted, and are not bad rows; what the conventions
+did goes into `LoadedData.warnings`. `custom_format_mapping`, when set, reads
 every source that has columns (it replaces `format_type`); `auto` detects each
 source's shape from its first record, and `LoadedData.shapes` reports the choice.
 One job trains on one kind of row: sources that give conversations and sources that
@@ -27,15 +34,20 @@ from finetune_studio.training.channel import JobFailure
 from finetune_studio.training.datasets.errors import (
     DATASET_INVALID,
     NESTED_TOO_DEEPLY,
+    BadRecord,
     DatasetError,
     RowProblem,
+    RowProblems,
     config_error,
+    percent,
 )
 from finetune_studio.training.datasets.files import TEXT_SUFFIX, Record, read_records
 from finetune_studio.training.datasets.hub import HubSplit, open_hf_dataset
 from finetune_studio.training.datasets.shapes import (
     CUSTOM,
     Converter,
+    EmptyConversation,
+    Notes,
     converter,
     detect_shape,
     mapping_converter,
@@ -56,6 +68,10 @@ class LoadedData:
     shapes: dict[str, str] = field(default_factory=dict)  # source -> the shape it was read as
     detected: bool = False  # format_type was auto, so the shapes are what was detected
     warnings: list[str] = field(default_factory=list)  # for the job's status details
+    read: int = 0  # records read, before bad rows and empty conversations were left out
+    skipped_rows: int = 0  # bad rows left out under bad_rows "skip"
+    dropped_rows: int = 0  # empty conversations left out (a convention, not a bad row)
+    problems: dict[str, dict[str, Any]] = field(default_factory=dict)  # skipped rows by kind (RowProblems.details)
 
     @property
     def is_conversational(self) -> bool:
@@ -70,7 +86,7 @@ def load_training_data(request: TrainingStartRequest) -> LoadedData:
         raise config_error("no training data: set local_datasets (a list of files) or hf_dataset")
     start, end = request.dataset_slice_start, request.dataset_slice_end
     sliced = start is not None or end is not None
-    reader = _Reader(request.format_type, request.custom_format_mapping)
+    reader = _Reader(request.format_type, request.custom_format_mapping, policy=_policy(request))
     if hub_name:
         opened = open_hf_dataset(
             hub_name,
@@ -121,7 +137,9 @@ def load_eval_data(request: TrainingStartRequest, train: LoadedData | None = Non
             f"eval_split={split!r} names a split of hf_dataset, but hf_dataset is not set;"
             " name evaluation files in local_eval_datasets"
         )
-    reader = _Reader(request.format_type, request.custom_format_mapping, purpose="evaluation", train=train)
+    reader = _Reader(
+        request.format_type, request.custom_format_mapping, purpose="evaluation", train=train, policy=_policy(request)
+    )
     if split:
         reader.add(
             open_hf_dataset(
@@ -153,12 +171,16 @@ class _Reader:
         *,
         purpose: str = "training",
         train: LoadedData | None = None,
+        policy: tuple[str, float] = ("error", 0.0),
     ) -> None:
         self.format_type = format_type
         self.custom = mapping_converter(mapping) if mapping else None  # the Studio sends {} for none
         self.purpose = purpose
         self.train = train
         self.data = LoadedData(rows=[], shape="", detected=format_type == "auto" and self.custom is None)
+        self.bad_rows, self.max_fraction = policy
+        self.problems = RowProblems()
+        self.notes = Notes()
 
     def add(self, source: Path | HubSplit) -> None:
         if isinstance(source, HubSplit):
@@ -175,23 +197,30 @@ class _Reader:
         count = 0
         rows = self.data.rows
         for where, record in records:
+            count += 1
+            if isinstance(record, BadRecord):
+                self.problems.add(record.kind, source, where, record.problem)
+                continue
             try:
                 for place, _, _ in invalid_text_locations(record):
                     # Only JSON can carry it (an escaped lone surrogate); no tokenizer can read it.
-                    raise DatasetError(
-                        source, where, f"{'.'.join(str(part) for part in place)!r} holds text that is not valid Unicode"
+                    raise RowProblem(
+                        f"{'.'.join(str(part) for part in place)!r} holds text that is not valid Unicode"
                         " (a lone UTF-16 surrogate, \\ud800-\\udfff, escaped in the JSON); fix or remove it",
+                        "invalid_unicode",
                     )
                 if convert is None:
                     convert = self._choose(source, where, record, is_text)
-                rows.append(convert(record))
+                rows.append(convert(record, self.notes))
             except RowProblem as problem:
-                raise DatasetError(source, where, problem.problem) from None
+                self.problems.add(problem.kind, source, where, problem.problem)
+            except EmptyConversation:
+                self.data.dropped_rows += 1
             except RecursionError:  # nesting past what Python's parser (or a check of every value) goes through
-                raise DatasetError(source, where, NESTED_TOO_DEEPLY) from None
-            count += 1
+                self.problems.add("nested_too_deeply", source, where, NESTED_TOO_DEEPLY)
         if count == 0:
             raise DatasetError(source, "", "no usable rows: it holds no records")
+        self.data.read += count
         self.data.per_file[source] = self.data.per_file.get(source, 0) + count
 
     def _choose(self, source: str, where: str, record: dict[str, Any], is_text: bool) -> Converter:
@@ -246,4 +275,36 @@ class _Reader:
             )
 
     def result(self) -> LoadedData:
-        return self.data
+        """The rows, once the bad-row policy has been applied and the conventions said."""
+        data, problems = self.data, self.problems
+        data.warnings.extend(self.notes.warnings())
+        bad = problems.total
+        if bad:
+            fraction = bad / data.read
+            if self.bad_rows != "skip":
+                raise problems.failure(data.read, 'set bad_rows: "skip" to train without them')
+            if fraction > self.max_fraction:
+                raise problems.failure(
+                    data.read,
+                    f"that is more than max_bad_row_fraction allows ({self.max_fraction:g},"
+                    f" {100 * self.max_fraction:g}%); fix the rows, or raise max_bad_row_fraction",
+                )
+            data.skipped_rows = bad
+            data.problems = problems.details()
+            data.warnings.append(
+                f"skipped {bad:,} bad rows of {data.read:,} ({percent(bad, data.read)}) in the {self.purpose} data"
+                f" (bad_rows: skip): {', '.join(f'{k} {n:,}' for k, n in problems.details_counts())}"
+            )
+        if not data.rows and data.read:
+            parts = [(data.dropped_rows, "empty conversations"), (bad, "bad rows")]
+            left_out = " and ".join(f"{count:,} {what}" for count, what in parts if count)
+            raise DatasetError(
+                ", ".join(data.per_file),
+                "",
+                f"no usable rows: all {data.read:,} rows were left out ({left_out})",
+            )
+        return data
+
+
+def _policy(request: TrainingStartRequest) -> tuple[str, float]:
+    return request.bad_rows, request.max_bad_row_fraction

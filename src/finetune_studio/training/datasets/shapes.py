@@ -29,6 +29,15 @@ The two conversational shapes take their list from either column, `messages` or
 when they have `from`/`value`; then `instruction` + `output` is alpaca; then `text`
 is raw.
 
+Conventions of the dumps people download (sharegpt and chatml), applied before the
+turn order is checked and counted in `Notes` for the job's warnings: role names are
+also read through ROLE_ALIASES, in any case (`Human`, `chatgpt`, `bing`, `bard`...);
+turns whose text is empty or only spaces are dropped; assistant turns before the
+first user turn are dropped (FastChat's rule); a conversation left without an
+assistant turn (or with no turns) raises `EmptyConversation`, and the loader leaves
+it out without counting it as a bad row. A role that is no alias is still a bad row
+(`unknown_role`).
+
 Turn order (every conversational shape): an optional system turn, first only; then
 a user turn; user and assistant turns alternate, except that tool turns may follow
 an assistant turn (one or several), and the assistant answers after them; the last
@@ -55,7 +64,53 @@ from finetune_studio.training.datasets.errors import (
 )
 
 Row = dict[str, Any]
-Converter = Callable[[Row], Row]
+
+# The kinds of bad row (RowProblem.kind), as the job's error and status count them.
+MISSING_FIELD = "missing_field"
+WRONG_TYPE = "wrong_type"
+EMPTY_FIELD = "empty_field"
+WRONG_SHAPE = "wrong_shape"
+UNKNOWN_ROLE = "unknown_role"
+ORDER = "roles_out_of_order"
+UNSUPPORTED_CONTENT = "unsupported_content"
+
+
+class EmptyConversation(Exception):
+    """A conversation with nothing to learn from once the conventions ran (no turns
+    left, or no assistant turn): dropped and counted, not a bad row."""
+
+
+class Notes:
+    """What the conventions did to a source's conversations, counted for `details.warnings`."""
+
+    def __init__(self) -> None:
+        self.aliased_rows = 0
+        self.aliases: dict[str, str] = {}  # name as found -> role, in the order first seen
+        self.leading_assistant = 0
+        self.empty_turn_rows = 0
+        self.empty_turns = 0
+        self.empty_conversations = 0
+
+    def warnings(self) -> list[str]:
+        said = []
+        if self.aliased_rows:
+            mapped = names(f"{name} -> {role}" for name, role in self.aliases.items())
+            said.append(f"mapped role aliases in {self.aliased_rows:,} rows ({mapped})")
+        if self.leading_assistant:
+            said.append(
+                f"dropped a leading assistant turn in {self.leading_assistant:,} conversations (FastChat's rule:"
+                " a conversation starts with the user)"
+            )
+        if self.empty_turns:
+            said.append(f"dropped {self.empty_turns:,} empty turns in {self.empty_turn_rows:,} conversations")
+        if self.empty_conversations:
+            said.append(
+                f"dropped {self.empty_conversations:,} empty conversations (no turns, or no assistant turn, left)"
+            )
+        return said
+
+
+Converter = Callable[[Row, Notes], Row]
 
 SHAPES = ("alpaca", "sharegpt", "chatml", "raw")
 CUSTOM = "custom"
@@ -71,6 +126,17 @@ SHAREGPT_ROLES = {
     "function_call": "assistant",
     "observation": "tool",
     "tool": "tool",
+}
+# Role names that dumps use (ShareGPT scrapes of ChatGPT, Bing and Bard, any case), as conventions.
+ROLE_ALIASES = {
+    "system": "system",
+    "human": "user",
+    "user": "user",
+    "gpt": "assistant",
+    "chatgpt": "assistant",
+    "bing": "assistant",
+    "bard": "assistant",
+    "assistant": "assistant",
 }
 _TURN_KEYS = {"chatml": ("role", "content"), "sharegpt": ("from", "value")}
 _LIST_COLUMNS = {"chatml": ("messages", "conversations"), "sharegpt": ("conversations", "messages")}
@@ -114,7 +180,7 @@ def converter(shape: str) -> Converter:
     if shape == "raw":
         return _raw
     if shape in _TURN_KEYS:
-        return lambda record: _conversation(record, shape)
+        return lambda record, notes: _conversation(record, shape, notes)
     raise ValueError(f"unknown shape {shape!r}")
 
 
@@ -124,21 +190,21 @@ def converter(shape: str) -> Converter:
 def _string(record: Row, key: str, *, required: bool = True) -> str:
     if key not in record:
         if required:
-            raise RowProblem(f"missing the column {key!r} (found: {names(record) or 'nothing'})")
+            raise RowProblem(f"missing the column {key!r} (found: {names(record) or 'nothing'})", MISSING_FIELD)
         return ""
     value = record[key]
     if value is None:
         if required:
-            raise RowProblem(f"{key!r} is empty (null)")
+            raise RowProblem(f"{key!r} is empty (null)", EMPTY_FIELD)
         return ""
     if not isinstance(value, str):
-        raise RowProblem(f"{key!r} must be a string, found {kind_of(value)}")
+        raise RowProblem(f"{key!r} must be a string, found {kind_of(value)}", WRONG_TYPE)
     if required and not value.strip():
-        raise RowProblem(f"{key!r} is empty")
+        raise RowProblem(f"{key!r} is empty", EMPTY_FIELD)
     return value
 
 
-def _alpaca(record: Row) -> Row:
+def _alpaca(record: Row, notes: Notes) -> Row:
     instruction = _string(record, "instruction")
     extra = _string(record, "input", required=False)
     output = _string(record, "output")
@@ -150,7 +216,7 @@ def _alpaca(record: Row) -> Row:
     return {"messages": messages}
 
 
-def _raw(record: Row) -> Row:
+def _raw(record: Row, notes: Notes) -> Row:
     return {"text": _string(record, "text")}
 
 
@@ -167,40 +233,69 @@ def _maybe_json(value: Any) -> Any:
     return value
 
 
-def _conversation(record: Row, shape: str) -> Row:
+def _conversation(record: Row, shape: str, notes: Notes) -> Row:
     column = next((c for c in _LIST_COLUMNS[shape] if c in record), None)
     if column is None:
-        raise RowProblem(f"missing the column {_LIST_COLUMNS[shape][0]!r} (found: {names(record) or 'nothing'})")
+        raise RowProblem(
+            f"missing the column {_LIST_COLUMNS[shape][0]!r} (found: {names(record) or 'nothing'})", MISSING_FIELD
+        )
     turns = _maybe_json(record[column])
     if isinstance(turns, str):
-        raise RowProblem(f"{column!r} must be a list of turns; found text that is not a JSON list")
-    if not isinstance(turns, list) or not turns:
-        raise RowProblem(f"{column!r} must be a non-empty list of turns, found {kind_of(turns)}")
+        raise RowProblem(f"{column!r} must be a list of turns; found text that is not a JSON list", WRONG_TYPE)
+    if not isinstance(turns, list):
+        raise RowProblem(f"{column!r} must be a non-empty list of turns, found {kind_of(turns)}", WRONG_TYPE)
     role_key, content_key = _TURN_KEYS[shape]
     roles = CHATML_ROLES if shape == "chatml" else SHAREGPT_ROLES
     other = "sharegpt" if shape == "chatml" else "chatml"
-    messages = []
+    kept: list[tuple[int, dict[str, str]]] = []  # (index in the row, message): names stay the row's
+    aliased = False
+    empty = 0
     for index, turn in enumerate(turns):
         at = f"{column}[{index}]"
         if not isinstance(turn, dict):
-            raise RowProblem(f"{at} must be an object with {role_key!r} and {content_key!r}, found {kind_of(turn)}")
+            raise RowProblem(
+                f"{at} must be an object with {role_key!r} and {content_key!r}, found {kind_of(turn)}", WRONG_TYPE
+            )
         if role_key not in turn:
             other_role, other_content = _TURN_KEYS[other]
             if other_role in turn:
                 raise RowProblem(
-                    f"{at} has {other_role!r} and {other_content!r}, the {other} shape; set format_type {other} or auto"
+                    f"{at} has {other_role!r} and {other_content!r}, the {other} shape; set format_type {other} or auto",
+                    WRONG_SHAPE,
                 )
-            raise RowProblem(f"{at} has no {role_key!r} (found: {names(turn) or 'nothing'})")
+            raise RowProblem(f"{at} has no {role_key!r} (found: {names(turn) or 'nothing'})", MISSING_FIELD)
         name = turn[role_key]
-        if not isinstance(name, str) or name not in roles:
-            raise RowProblem(f"{at}.{role_key} is {quote(name)}; expected one of {', '.join(roles)}")
-        role = roles[name]
+        role = roles.get(name) if isinstance(name, str) else None
+        if role is None and isinstance(name, str):
+            role = ROLE_ALIASES.get(name.strip().lower())
+            if role is not None:
+                aliased = True
+                if len(notes.aliases) < NAMES_SHOWN:
+                    notes.aliases.setdefault(excerpt(name, QUOTE_CHARS), role)
+        if role is None:
+            expected = ", ".join(list(roles) + [alias for alias in ROLE_ALIASES if alias not in roles])
+            raise RowProblem(f"{at}.{role_key} is {quote(name)}; expected one of {expected}", UNKNOWN_ROLE)
         content = _content(turn.get(content_key), f"{at}.{content_key}")
-        if role in ("user", "assistant") and not content.strip():
-            raise RowProblem(f"{at}.{content_key} is empty")
-        messages.append({"role": role, "content": content})
-    check_order([m["role"] for m in messages], lambda i: f"{column}[{i}]")
-    return {"messages": messages}
+        if not content.strip():
+            empty += 1  # an empty turn teaches nothing; dropped, as FastChat and Axolotl do
+            continue
+        kept.append((index, {"role": role, "content": content}))
+    notes.aliased_rows += aliased
+    if empty:
+        notes.empty_turns += empty
+        notes.empty_turn_rows += 1
+    start = 1 if kept and kept[0][1]["role"] == "system" else 0
+    leading = 0
+    while start + leading < len(kept) and kept[start + leading][1]["role"] == "assistant":
+        leading += 1  # FastChat's rule: the conversation starts with the user, so an opening greeting goes
+    if leading:
+        del kept[start : start + leading]
+        notes.leading_assistant += 1
+    if not any(message["role"] == "assistant" for _, message in kept):
+        notes.empty_conversations += 1
+        raise EmptyConversation
+    check_order([message["role"] for _, message in kept], lambda i: f"{column}[{kept[i][0]}]")
+    return {"messages": [message for _, message in kept]}
 
 
 def _content(value: Any, at: str) -> str:
@@ -211,44 +306,50 @@ def _content(value: Any, at: str) -> str:
         for index, part in enumerate(value):
             if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
                 kind = quote(part.get("type")) if isinstance(part, dict) else repr(kind_of(part))
-                raise RowProblem(f"{at}[{index}] is a {kind} part; only text parts are supported")
+                raise RowProblem(f"{at}[{index}] is a {kind} part; only text parts are supported", UNSUPPORTED_CONTENT)
             texts.append(part["text"])
         return "".join(texts)
     if value is None:
-        raise RowProblem(f"{at} is missing or null (tool calls without text are not supported)")
-    raise RowProblem(f"{at} must be a string, found {kind_of(value)}")
+        raise RowProblem(f"{at} is missing or null (tool calls without text are not supported)", MISSING_FIELD)
+    raise RowProblem(f"{at} must be a string, found {kind_of(value)}", WRONG_TYPE)
 
 
 def check_order(roles: list[str], name: Callable[[int], str]) -> None:
-    """Raise RowProblem when the turns break the order rules in the module docstring."""
+    """Raise RowProblem (kind roles_out_of_order) when the turns break the order rules
+    in the module docstring."""
+    problem = _order_problem(roles, name)
+    if problem:
+        raise RowProblem(problem, ORDER)
+
+
+def _order_problem(roles: list[str], name: Callable[[int], str]) -> str:
     previous: str | None = None
     for index, role in enumerate(roles):
         here = name(index)
         if role == "system" and index:
-            raise RowProblem(f"{here} is a system turn; a system turn may only come first")
+            return f"{here} is a system turn; a system turn may only come first"
         if role == "user" and previous == "user":
-            raise RowProblem(
+            return (
                 f"{name(index - 1)} and {here} are both user turns;"
                 " merge them or put the assistant's answer between them"
             )
         if role == "user" and previous == "tool":
-            raise RowProblem(f"{here} is a user turn right after a tool turn; the assistant answers the tool first")
+            return f"{here} is a user turn right after a tool turn; the assistant answers the tool first"
         if role == "assistant" and previous in (None, "system"):
-            raise RowProblem(f"{here} is an assistant turn before any user turn; a conversation starts with the user")
+            return f"{here} is an assistant turn before any user turn; a conversation starts with the user"
         if role == "assistant" and previous == "assistant":
-            raise RowProblem(
-                f"{name(index - 1)} and {here} are both assistant turns; merge them or put a user turn between them"
-            )
+            return f"{name(index - 1)} and {here} are both assistant turns; merge them or put a user turn between them"
         if role == "tool" and previous not in ("assistant", "tool"):
-            raise RowProblem(f"{here} is a tool turn that does not follow an assistant turn")
+            return f"{here} is a tool turn that does not follow an assistant turn"
         previous = role
     if "assistant" not in roles:
-        raise RowProblem("the conversation has no assistant turn to learn from")
+        return "the conversation has no assistant turn to learn from"
     if previous != "assistant":
-        raise RowProblem(
+        return (
             f"the conversation ends with a {previous} turn ({name(len(roles) - 1)});"
             " it must end with the assistant's answer"
         )
+    return ""
 
 
 # -- custom_format_mapping ------------------------------------------------------
@@ -275,7 +376,7 @@ def mapping_converter(mapping: dict[str, str]) -> Converter:
         order = names(f"{excerpt(column, QUOTE_CHARS)} ({role})" for column, role in mapping.items())
         raise config_error(f"custom_format_mapping gives the turns in the order {order}: {problem.problem}") from None
 
-    def convert(record: Row) -> Row:
+    def convert(record: Row, notes: Notes) -> Row:
         messages = []
         for role, columns in groups:
             parts = []
@@ -283,20 +384,21 @@ def mapping_converter(mapping: dict[str, str]) -> Converter:
                 if column not in record:
                     raise RowProblem(
                         f"missing the column {quote(column)}, which custom_format_mapping maps to {role}"
-                        f" (found: {names(record) or 'nothing'})"
+                        f" (found: {names(record) or 'nothing'})",
+                        MISSING_FIELD,
                     )
                 value = record[column]
                 if value is None:
                     continue
                 if not isinstance(value, str):
-                    raise RowProblem(f"{quote(column)} must be a string, found {kind_of(value)}")
+                    raise RowProblem(f"{quote(column)} must be a string, found {kind_of(value)}", WRONG_TYPE)
                 if value.strip():
                     parts.append(value)
             if parts:
                 messages.append({"role": role, "content": "\n\n".join(parts)})
             elif role != "system":
                 verb = "is" if len(columns) == 1 else "are"
-                raise RowProblem(f"{_names(columns)} {verb} empty, so the {role} turn has no text")
+                raise RowProblem(f"{_names(columns)} {verb} empty, so the {role} turn has no text", EMPTY_FIELD)
         return {"messages": messages}
 
     return convert
