@@ -45,6 +45,7 @@ ErrorCode = Literal[
     "out_of_memory",
     "disk_full",
     "training_failed",
+    "diverged",
     "worker_died",
     "worker_failed_to_start",
     "server_restarted",

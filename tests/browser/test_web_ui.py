@@ -184,6 +184,10 @@ def test_start_from_the_form_and_watch_it_complete(server: Any, page: Any, tiny_
     item = page.locator(f"[data-testid=job-item][data-job-id='{job_id}']")
     page.wait_for_selector(f"[data-testid=job-item][data-job-id='{job_id}'][data-phase=completed]", timeout=10 * SECOND)
     assert "form-run" in item.inner_text()
+    # The list draws the run's loss from the server's summary: one point per step (12 <= 64).
+    spark = item.locator("[data-testid=job-sparkline] polyline")
+    spark.wait_for(state="attached", timeout=10 * SECOND)
+    assert len(spark.get_attribute("points").split()) == 12
 
     with server.client() as client:
         status = client.status(job_id)

@@ -183,3 +183,21 @@ def test_a_clean_server_shutdown_stops_and_saves_the_running_job(start_server, t
         assert final["phase"] == "stopped"
         assert (Path(final["details"]["adapter_dir"]) / "adapter_model.safetensors").is_file()
         assert phases(collect(client, waiting)) == SEED_ORDER
+
+
+def test_the_job_list_carries_a_finished_runs_summary(
+    shared_server: ServerProcess, missing_then_trained: tuple[str, str, Path], tiny_model: Path
+) -> None:
+    failed, trained, _ = missing_then_trained
+    with shared_server.client() as client:
+        listed = {job["job_id"]: job for job in client.jobs()}
+        steps = [e.data for e in collect(client, trained) if e.kind == "progress"]
+    summary = listed[trained]["details"]["summary"]
+    assert summary["method"] == "lora" and summary["model"] == str(tiny_model)
+    assert summary["steps"] == 6 and summary["tokens"] == steps[-1]["num_tokens"] > 0
+    assert summary["final_loss"] == pytest.approx(steps[-1]["loss"], rel=1e-4)
+    assert summary["loss_sparkline"] == pytest.approx([p["loss"] for p in steps], rel=1e-4)
+    assert summary["best_eval_loss"] is None  # no evaluation data
+    assert 0 < summary["duration_seconds"] < 600
+    # A job that failed before training has a summary too, with nothing trained.
+    assert listed[failed]["details"]["summary"]["steps"] == 0

@@ -23,6 +23,7 @@ from finetune_studio.errors import InvalidTransition, StudioError
 from finetune_studio.jobs.feed import CHUNK_BYTES, FRAME_OVERHEAD, KEEPALIVE, EventFeed, sse_frame
 from finetune_studio.jobs.phases import PHASES, TERMINAL
 from finetune_studio.jobs.store import JobRecord, JobStore, StoredEvent
+from finetune_studio.jobs.summary import summarize
 from finetune_studio.schemas import Phase, TrainingProgress, TrainingStatus
 
 
@@ -97,9 +98,18 @@ class JobService:
         error: Optional[str] = None,
         details: Optional[dict[str, Any]] = None,
     ) -> StoredEvent:
-        event = self.store.transition(job_id, make_status(job_id, phase, message, error=error, details=details))
+        status = make_status(job_id, phase, message, error=error, details=details)
+        if phase in TERMINAL:
+            # Added after the child's details were bounded: its size is fixed (summary.py).
+            request = self.store.get_job(job_id).request
+            status["details"]["summary"] = self.summary(job_id, request, ended=status["details"]["time"])
+        event = self.store.transition(job_id, status)
         self._publish(event, terminal=phase in TERMINAL)
         return event
+
+    def summary(self, job_id: str, request: dict[str, Any], ended: float) -> dict[str, Any]:
+        """The run summary (`details.summary`) from the job's events, up to `ended`."""
+        return summarize(self.store.progress_points(job_id), request, self.store.queued_at(job_id), ended)
 
     def record_progress(self, job_id: str, progress: dict[str, Any]) -> Optional[StoredEvent]:
         # Unset metrics are left out, and so is `loss_finite` while it is true; `loss`
@@ -157,13 +167,20 @@ class JobService:
         else:
             self._readers.pop(job_id, None)
 
-    def status_of(self, job: JobRecord, queue_position: Optional[int] = None) -> TrainingStatus:
+    def status_of(
+        self, job: JobRecord, queue_position: Optional[int] = None, with_summary: bool = False
+    ) -> TrainingStatus:
         """The job's current status; a queued job's place in the queue is known only
-        now (`details.queue_position`, and the message says the same number)."""
+        now (`details.queue_position`, and the message says the same number). A
+        finished job's status carries its run summary; `with_summary` adds the
+        summary so far to a training job's (one query over its progress events)."""
         status = TrainingStatus.model_validate(job.status)
         if queue_position is not None and job.phase == "idle":
             status.message = f"Queued (position {queue_position})"
             status.details = {**(status.details or {}), "queue_position": queue_position}
+        if with_summary and job.phase == "training":
+            summary = self.summary(job.id, job.request, ended=time.time())
+            status.details = {**(status.details or {}), "summary": summary}
         return status
 
     async def stream(self, job_id: str, after_id: int = 0) -> AsyncIterator[bytes]:

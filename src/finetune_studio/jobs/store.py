@@ -237,6 +237,27 @@ class JobStore:
         )
         return [_record(row) for row in rows]
 
+    def progress_points(self, job_id: str) -> list[tuple[int, Optional[float], Optional[float], Optional[int]]]:
+        """(step, loss, eval_loss, num_tokens) of each of the job's progress events, in
+        order, read in SQL (no event is parsed in Python): for the run summary."""
+        rows = self._db.execute(
+            "SELECT json_extract(data, '$.step'), json_extract(data, '$.loss'), json_extract(data, '$.eval_loss'),"
+            " json_extract(data, '$.num_tokens') FROM events WHERE job_id = ? AND kind = 'progress' ORDER BY id",
+            (job_id,),
+        )
+        return [
+            (int(r[0]), _float(r[1]), _float(r[2]), int(r[3]) if r[3] is not None else None)
+            for r in rows
+            if r[0] is not None
+        ]
+
+    def queued_at(self, job_id: str) -> Optional[float]:
+        """`details.time` of the job's first status (`idle`, event 1)."""
+        row = self._db.execute(
+            "SELECT json_extract(data, '$.details.time') FROM events WHERE job_id = ? AND id = 1", (job_id,)
+        ).fetchone()
+        return _float(row[0]) if row is not None else None
+
     def events_after(
         self, job_id: str, after_id: int, limit: int = 1000, max_bytes: Optional[int] = None, row_overhead: int = 0
     ) -> list[StoredEvent]:
@@ -257,6 +278,10 @@ class JobStore:
             if size >= max_bytes:
                 break
         return page
+
+
+def _float(value: Any) -> Optional[float]:
+    return float(value) if isinstance(value, (int, float)) else None
 
 
 def _record(row: sqlite3.Row) -> JobRecord:

@@ -34,6 +34,9 @@ class ProgressCallback(TrainerCallback):
         self.started = time.monotonic()
         self.first_step = 0
         self.pending: Optional[dict[str, Any]] = None
+        # The first step whose loss or gradient norm was not finite, and what it was
+        # (e.g. "loss nan"): the recipe ends the job as `diverged` once the trainer returns.
+        self.diverged: Optional[tuple[int, str]] = None
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.started = time.monotonic()
@@ -52,12 +55,28 @@ class ProgressCallback(TrainerCallback):
         if "loss" in logs:
             self._flush()
             self.pending = self._progress(state, logs)
+            self._check_divergence(logs, control)
             if not control.should_evaluate:
                 self._flush()
         elif "eval_loss" in logs:
             if self.pending is not None and self.pending["step"] == int(state.global_step):
                 self.pending["eval_loss"] = float(logs["eval_loss"])
                 self._flush()
+
+    def _check_divergence(self, logs: dict[str, Any], control: Any) -> None:
+        """Stop training at the first NaN or infinite loss or gradient norm: every
+        step after it would train on garbage. No checkpoint is saved here, so the
+        last one before the divergence stays the newest."""
+        if self.diverged is not None or self.pending is None:
+            return
+        for key in ("loss", "grad_norm"):
+            value = _number(logs, key)
+            if value is not None and not math.isfinite(value):
+                self.diverged = (int(self.pending["step"]), f"{key.replace('_', ' ')} {value}")
+                control.should_training_stop = True
+                control.should_save = False
+                control.should_evaluate = False
+                return
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._flush()

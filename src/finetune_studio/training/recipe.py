@@ -16,13 +16,16 @@ import importlib.util
 import json
 import os
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from finetune_studio.schemas import Phase, TrainingStartRequest
 from finetune_studio.training.channel import Channel, JobFailure, StopSignal
 from finetune_studio.training.datasets import DatasetError, LoadedData, load_eval_data, load_training_data, measure
 from finetune_studio.training.models import ModelSource, load_tokenizer_and_model, resolve_source
 from finetune_studio.wire import JobFolder, WorkerSpec, last_checkpoint, save_atomically
+
+if TYPE_CHECKING:  # transformers is imported only once the job has announced loading_model
+    from finetune_studio.training.callbacks import ProgressCallback
 
 
 def has_module(name: str) -> bool:
@@ -38,6 +41,7 @@ class Recipe:
         self.folder = JobFolder(spec.output_dir)
         self.jobs_dir = self.output_dir.parent
         self.phase: Phase = "idle"
+        self.progress_callback: Optional[ProgressCallback] = None  # set by build_trainer
         self.facts: dict[str, Any] = {"output_dir": str(self.output_dir), "worker_pid": os.getpid()}
         for warning in spec.warnings:
             channel.warn(warning)
@@ -114,6 +118,7 @@ class Recipe:
         checkpoint = last_checkpoint(self.output_dir)
         if checkpoint is not None:
             self.facts["last_checkpoint"] = str(checkpoint)
+        self.check_divergence(checkpoint)
         self.save(trainer, tokenizer)
         if self.stop.is_set():
             self.phase = "stopped"
@@ -128,6 +133,23 @@ class Recipe:
             self.facts["eval_loss"] = metrics.get("eval_loss")
         self.phase = "completed"
         self.channel.status("completed", f"Training completed: {final} steps", details=self.details())
+
+    def check_divergence(self, checkpoint: Optional[Path]) -> None:
+        """End the job as `diverged` if the callback stopped training at a NaN or
+        infinite loss or gradient norm. The diverged weights are not saved as the result."""
+        callback = self.progress_callback
+        if callback is None or callback.diverged is None:
+            return
+        step, value = callback.diverged
+        self.facts["diverged_at_step"] = step
+        kept = (f"the last checkpoint before it is kept ({checkpoint.name})" if checkpoint is not None
+                else "there is no checkpoint from before it")
+        raise JobFailure(
+            "diverged",
+            f"Training diverged at step {step}: {value}. It was stopped there and the diverged weights were not saved;"
+            f" {kept}. Lower the learning rate (now {self.request.learning_rate:g}), keep max_grad_norm at 1.0 or"
+            " below (gradient clipping), add warmup steps, or check the data for broken or extreme rows.",
+        )
 
     def start_training(self, total_steps: int, first_step: int) -> None:
         """Called by the callback when the trainer begins."""
@@ -319,6 +341,7 @@ class Recipe:
             **evaluation,
         )
         peft_config = self.lora_config() if self.method == "lora" else None
+        self.progress_callback = ProgressCallback(self.channel, self.stop, self.start_training)
         self.facts["method"] = self.method
         self.facts["training_type"] = request.training_type
         try:
@@ -329,7 +352,7 @@ class Recipe:
                 eval_dataset=Dataset.from_list(self.trainer_rows(tokenizer, eval_data)) if eval_data else None,
                 processing_class=tokenizer,
                 peft_config=peft_config,
-                callbacks=[ProgressCallback(self.channel, self.stop, self.start_training)],
+                callbacks=[self.progress_callback],
             )
         except ValueError as exc:
             text = str(exc)

@@ -29,6 +29,7 @@ const ERROR_CODES = {
   out_of_memory: "Out of memory: try a smaller batch size or max sequence length",
   disk_full: "The disk is full",
   training_failed: "Training failed",
+  diverged: "The loss diverged: lower the learning rate or check the data",
   worker_died: "The training process ended unexpectedly",
   worker_failed_to_start: "The training process could not start",
   server_restarted: "The server restarted while this run was going; its checkpoints are kept",

@@ -37,9 +37,38 @@ export function renderJobList(jobs, selectedId) {
     const msg = a.querySelector(".job-msg");
     msg.textContent = position ? `#${position} in queue` : status.error || status.message;
     msg.dataset.testid = position ? "queue-position" : "job-message";
+    drawSparkline(a, status.details && status.details.summary ? status.details.summary.loss_sparkline : null);
     return li;
   });
   // Reorder only when needed, so that focus and hover stay put while polling.
   const same = items.length === list.children.length && items.every((li, i) => list.children[i] === li);
   if (!same) list.replaceChildren(...items);
+}
+
+const SVG = "http://www.w3.org/2000/svg";
+
+/** The run's loss at a glance (`details.summary.loss_sparkline`, at most 64 points): a
+ * tiny inline polyline, lowest loss at the bottom; nothing when there are under 2 points. */
+function drawSparkline(a, points) {
+  let svg = a.querySelector(".job-spark");
+  const values = Array.isArray(points) ? points.filter((v) => Number.isFinite(v)) : [];
+  if (values.length < 2) {
+    if (svg) svg.remove();
+    return;
+  }
+  if (!svg) {
+    svg = document.createElementNS(SVG, "svg");
+    svg.setAttribute("class", "job-spark");
+    svg.setAttribute("viewBox", "0 0 64 16");
+    svg.setAttribute("preserveAspectRatio", "none");
+    svg.setAttribute("aria-hidden", "true");
+    svg.dataset.testid = "job-sparkline";
+    svg.appendChild(document.createElementNS(SVG, "polyline"));
+    a.appendChild(svg);
+  }
+  const low = Math.min(...values);
+  const span = Math.max(...values) - low || 1;
+  const step = 64 / (values.length - 1);
+  const coords = values.map((v, i) => `${(i * step).toFixed(1)},${(15 - ((v - low) / span) * 14).toFixed(1)}`);
+  svg.firstElementChild.setAttribute("points", coords.join(" "));
 }

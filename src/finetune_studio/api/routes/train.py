@@ -173,5 +173,8 @@ async def stop_training(job: JobDep, studio: StudioDep) -> TrainingStatus:
 async def list_jobs(studio: StudioDep) -> JobList:
     """Every job's current status, newest first."""
     positions = studio.supervisor.queue_positions()
-    data = [studio.service.status_of(job, positions.get(job.id)) for job in studio.service.store.list_jobs()]
+    # A training job's summary so far is read here (one query); a finished job's is stored.
+    data = [
+        studio.service.status_of(job, positions.get(job.id), with_summary=True) for job in studio.service.store.list_jobs()
+    ]
     return JobList(data=data, count=len(data))
