@@ -80,6 +80,12 @@ def _not_blank(value: str, info: ValidationInfo) -> str:
 PathText = Annotated[str, AfterValidator(_not_blank)]
 
 
+def method_of(training_type: Optional[str], use_lora: Optional[bool]) -> Literal["lora", "full"]:
+    """How a request trains the weights: "lora" (an adapter) or "full" (every weight).
+    The one rule, for the training child and for the server's run summary."""
+    return "full" if training_type == "Full Finetuning" or use_lora is False else "lora"
+
+
 class TrainingStartRequest(BaseModel):
     """Request payload to start training (Unsloth Studio's request, text models).
 

@@ -14,16 +14,12 @@ import math
 from collections.abc import Sequence
 from typing import Any, Optional
 
+from finetune_studio.schemas import method_of
+
 SPARKLINE_POINTS = 64
 
 # One progress event as the store reads it: (step, loss, eval_loss, num_tokens); None where unset.
 ProgressPoint = tuple[int, Optional[float], Optional[float], Optional[int]]
-
-
-def method_of(request: dict[str, Any]) -> str:
-    """"lora" or "full", as the training child decides it (training/recipe.py `Recipe.method`)."""
-    full = request.get("training_type") == "Full Finetuning" or request.get("use_lora") is False
-    return "full" if full else "lora"
 
 
 def _round(value: float) -> float:
@@ -57,7 +53,7 @@ def summarize(
     last = points[-1] if points else None
     duration = round(ended - started, 3) if started is not None and ended is not None else None
     return {
-        "method": method_of(request),
+        "method": method_of(request.get("training_type"), request.get("use_lora")),
         "model": request.get("model_name"),
         "steps": last[0] if last else 0,
         "tokens": last[3] if last else None,

@@ -18,7 +18,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
-from finetune_studio.schemas import Phase, TrainingStartRequest
+from finetune_studio.schemas import Phase, TrainingStartRequest, method_of
 from finetune_studio.training.channel import Channel, JobFailure, StopSignal
 from finetune_studio.training.datasets import DatasetError, LoadedData, load_eval_data, load_training_data, measure
 from finetune_studio.training.models import ModelSource, load_tokenizer_and_model, resolve_source
@@ -61,8 +61,7 @@ class Recipe:
     @property
     def method(self) -> str:
         """"lora" or "full"."""
-        request = self.request
-        return "full" if request.training_type == "Full Finetuning" or not request.use_lora else "lora"
+        return method_of(self.request.training_type, self.request.use_lora)
 
     def details(self) -> dict[str, Any]:
         return dict(self.facts)
