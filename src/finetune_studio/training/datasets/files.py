@@ -7,9 +7,13 @@ UTF-8, a line is not JSON, a CSV row has the wrong number of fields... What a re
 must contain is the shapes' business (`shapes.py`), not this module's.
 
 - `.jsonl`: one JSON object per line; blank lines are skipped. where: "line N".
+  Read line by line; a last line cut short (no line break, and the text ends inside
+  a value) is a cut-off file (`jsonstream.cut_off`), not a bad row.
 - `.json`: a list of objects, or an object whose "data" key holds that list (the
   layout `datasets.load_dataset("json", field="data")` reads). where: "line N (row
-  M)": the line the object starts on, and its index in the list.
+  M)": the line the object starts on, and its index in the list. Read a chunk at a
+  time (`jsonstream.py`), so a 100 MB file costs one chunk and one row, not copies
+  of the file; a document that ends early is named as cut off.
 - `.csv`: a header line, then one record per row (a quoted field may span lines);
   every cell is a string; rows whose cells are all empty are skipped. where: "line
   N", the line the row starts on.
@@ -41,6 +45,7 @@ from finetune_studio.training.datasets.errors import (
     names,
     quote,
 )
+from finetune_studio.training.datasets.jsonstream import DepthExceeded, TextWindow, cut_off, document_items, looks_cut
 
 Record = tuple[str, Any]
 
@@ -57,11 +62,11 @@ def read_records(path: Path) -> Iterator[Record]:
         raise DatasetError(path, "", f"unsupported {kind}; use {', '.join(SUFFIXES)}")
     if suffix == ".parquet":
         return _parquet_records(path)
+    if suffix in (".jsonl", ".json"):
+        # Read a piece at a time: these are the files that reach hundreds of megabytes.
+        _check_start(path)
+        return _jsonl_records(path) if suffix == ".jsonl" else _json_file_records(path)
     text = _read_text(path)
-    if suffix == ".jsonl":
-        return _jsonl_records(path, text)
-    if suffix == ".json":
-        return _json_records(path, text)
     if suffix == ".csv":
         return _csv_records(path, text)
     return _txt_records(text)
@@ -79,6 +84,29 @@ def _check_file(path: Path) -> None:
         raise DatasetError(path, "", f"cannot be read ({exc.strerror or exc})") from None
     if size == 0:
         raise DatasetError(path, "", "the file is empty")
+
+
+def _check_start(path: Path) -> None:
+    """What `_read_text` checks first (not empty, not UTF-16), without reading the whole file."""
+    try:
+        with path.open("rb") as stream:
+            head = stream.read(2)
+            if head in (b"\xff\xfe", b"\xfe\xff"):
+                raise DatasetError(path, "", "is UTF-16 text; save it as UTF-8")
+            while head:
+                if head.strip():
+                    return
+                head = stream.read(1 << 16)
+    except OSError as exc:
+        raise DatasetError(path, "", f"cannot be read ({exc.strerror or exc})") from None
+    raise DatasetError(path, "", "the file is empty")
+
+
+def _not_utf8(path: Path) -> DatasetError:
+    """The error for a file a streaming reader found not to be UTF-8, naming the
+    first bad byte as a whole-file read does (it raises)."""
+    _read_text(path)
+    return DatasetError(path, "", "is not valid UTF-8 text; save the file as UTF-8")
 
 
 def _read_text(path: Path) -> str:
@@ -106,8 +134,9 @@ def _read_text(path: Path) -> str:
 # -- JSON Lines ---------------------------------------------------------------
 
 
-def _jsonl_records(path: Path, text: str) -> Iterator[Record]:
-    for number, line in enumerate(text.splitlines(), start=1):
+def _jsonl_records(path: Path) -> Iterator[Record]:
+    rows = 0
+    for number, line, ended in _text_lines(path):
         if not line.strip():
             continue
         try:
@@ -119,11 +148,16 @@ def _jsonl_records(path: Path, text: str) -> Iterator[Record]:
                 raise DatasetError(
                     path, f"line {number}", f"{problem}; the file looks like one JSON document: name it .json"
                 ) from None
+            if not ended and looks_cut(exc, line):
+                raise cut_off(path, number, rows) from None
+            rows += 1
             yield f"line {number}", BadRecord(problem, "bad_json")
             continue
         except RecursionError:
+            rows += 1
             yield f"line {number}", BadRecord(NESTED_TOO_DEEPLY, "nested_too_deeply")
             continue
+        rows += 1
         if not isinstance(value, dict):
             problem = f"each line must hold one JSON object, found {kind_of(value)}"
             if isinstance(value, list) and number == 1 and all(isinstance(item, dict) for item in value):
@@ -135,7 +169,50 @@ def _jsonl_records(path: Path, text: str) -> Iterator[Record]:
         yield f"line {number}", value
 
 
+def _text_lines(path: Path) -> Iterator[tuple[int, str, bool]]:
+    """(number, line, whether a line break ends it) of each line of a UTF-8 file, read
+    line by line; lines are what str.splitlines makes of the whole text."""
+    number = 0
+    try:
+        with path.open("rb") as stream:
+            for raw in stream:  # split at b"\n", which no other UTF-8 character contains
+                try:
+                    piece = raw.decode("utf-8-sig" if number == 0 else "utf-8")
+                except UnicodeDecodeError:
+                    raise _not_utf8(path) from None
+                for full in piece.splitlines(keepends=True):
+                    number += 1
+                    line = full.splitlines()[0]
+                    yield number, line, line != full
+    except OSError as exc:
+        raise DatasetError(path, "", f"cannot be read ({exc.strerror or exc})") from None
+
+
 # -- JSON ---------------------------------------------------------------------
+
+
+def _json_file_records(path: Path) -> Iterator[Record]:
+    """A list of rows, or an object with one under "data", is read a piece at a time;
+    anything else (a mistake) is read whole, as the messages about it need the whole document."""
+    try:
+        with path.open("rb") as stream:
+            window = TextWindow(path, stream, lambda: _not_utf8(path))
+            start = window.skip_space(0)
+            if window.text.startswith(("[", "{"), start):
+                try:
+                    for index, (line, value) in enumerate(document_items(window, start)):
+                        where = f"line {line} (row {index})"
+                        if not isinstance(value, dict):
+                            problem = f"each row must be a JSON object, found {kind_of(value)}"
+                            yield where, BadRecord(problem, "wrong_type")
+                            continue
+                        yield where, value
+                except DepthExceeded as deep:
+                    raise DatasetError(path, deep.where, NESTED_TOO_DEEPLY) from None
+                return
+    except OSError as exc:
+        raise DatasetError(path, "", f"cannot be read ({exc.strerror or exc})") from None
+    yield from _json_records(path, _read_text(path))
 
 
 def _json_records(path: Path, text: str) -> Iterator[Record]:
