@@ -115,6 +115,17 @@ class TrainingStartRequest(BaseModel):
     train_split: str = "train"
     eval_split: Optional[str] = None
     eval_steps: float = Field(default=0.0, ge=0.0, description="Evaluate every this fraction of total steps (0: never).")
+    early_stopping_patience: Optional[int] = Field(
+        default=None,
+        ge=1,
+        description="Extension. Stop training once the evaluation loss has not improved for this many evaluations"
+        " in a row; the best checkpoint is the result. Needs evaluation data and eval_steps (None: off).",
+    )
+    early_stopping_threshold: float = Field(
+        default=0.0,
+        ge=0.0,
+        description="Extension. With early_stopping_patience, how much the evaluation loss must fall to count as improved.",
+    )
     dataset_slice_start: Optional[int] = Field(default=None, ge=0)
     dataset_slice_end: Optional[int] = Field(default=None, ge=0)
     custom_format_mapping: Optional[dict[str, str]] = Field(
@@ -282,6 +293,18 @@ class TrainingProgress(BaseModel):
     grad_norm: Optional[float] = None
     eval_loss: Optional[float] = None
     num_tokens: Optional[int] = None  # tokens trained on so far
+    tokens_per_second: Optional[float] = Field(
+        default=None,
+        description="Tokens trained per second over the latest 10 steps (fewer at the start): a recent rate,"
+        " not an average since the start.",
+    )
+    mean_token_accuracy: Optional[float] = Field(
+        default=None, description="The share (0 to 1) of the step's target tokens the model predicted right, as TRL logs it."
+    )
+    memory_bytes: Optional[int] = Field(default=None, description="The training process's resident memory (RSS) at the step.")
+    gpu_memory_bytes: Optional[int] = Field(
+        default=None, description="GPU memory the training process holds (PyTorch's reserved bytes); absent without a GPU."
+    )
     timestamp: Optional[float] = None  # Unix time when the step ended (for latency and time axes)
 
     @model_validator(mode="before")

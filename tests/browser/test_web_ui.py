@@ -178,6 +178,7 @@ def test_start_from_the_form_and_watch_it_complete(server: Any, page: Any, tiny_
     assert studio(page, "points('loss')") == 12
     assert studio(page, "points('lr')") == 12
     assert page.get_by_test_id("stat-step").inner_text() == "12 / 12"
+    assert int(page.get_by_test_id("stat-tps").inner_text().replace(",", "")) > 0  # the server's tokens/s
     assert page.locator("[data-testid=phase-timeline] li[data-state=done]").count() == 6
     assert_timeline_durations_match_server(page, server, job_id)
     assert "adapter" in page.get_by_test_id("job-outputs").inner_text()

@@ -69,6 +69,11 @@ def test_a_job_trains_to_completed_and_moves_the_weights(
         assert all(p["learning_rate"] > 0 for p in steps[:-1])
         assert all(p["elapsed_seconds"] >= 0 and p["eta_seconds"] >= 0 for p in steps)
         assert steps[-1]["eta_seconds"] == 0
+        # The live metrics (issue 17): a recent token rate, TRL's token accuracy, the child's memory.
+        assert all(p["tokens_per_second"] > 0 for p in steps)
+        assert all(0 <= p["mean_token_accuracy"] <= 1 for p in steps)
+        assert all(p["memory_bytes"] > 10_000_000 for p in steps)
+        assert all(p.get("gpu_memory_bytes", 0) >= 0 for p in steps)
 
         final = events[-1].data
         adapter = Path(final["details"]["adapter_dir"])

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import time
 from types import SimpleNamespace
 from typing import Any
 
@@ -53,6 +54,40 @@ def test_the_callback_reports_a_diverged_step_and_the_next_one() -> None:
     assert [p["step"] for p in steps] == [1, 2]
     assert steps[0]["loss"] is None and steps[0]["loss_finite"] is False and "grad_norm" not in steps[0]
     assert steps[1]["loss"] == 1.5 and "loss_finite" not in steps[1]
+
+
+def test_the_callback_reports_throughput_accuracy_and_memory(monkeypatch: Any) -> None:
+    from finetune_studio.schemas import TrainingProgress
+    from finetune_studio.training import callbacks
+
+    clock = iter([0.0, 100.0, 102.0, 104.0])  # made, training begins, then two steps two seconds apart
+    monkeypatch.setattr(callbacks, "time", SimpleNamespace(monotonic=lambda: next(clock), time=time.time))
+    chan, out = channel()
+    callback = callbacks.ProgressCallback(chan, StopSignal(), on_begin=lambda total, first: None)
+    state = SimpleNamespace(global_step=0, max_steps=2)
+    control = SimpleNamespace(should_evaluate=False, should_training_stop=False, should_save=False)
+    callback.on_train_begin(None, state, control)
+    for step, tokens, accuracy in ((1, 1000, 0.25), (2, 3000, math.nan)):
+        state.global_step = step
+        logs = {"loss": 1.0, "learning_rate": 1e-3, "num_tokens": tokens, "mean_token_accuracy": accuracy}
+        callback.on_log(None, state, control, logs=logs)
+    first, second = (message["progress"] for message in sent(out))
+    assert first["tokens_per_second"] == 500.0 and first["mean_token_accuracy"] == 0.25
+    assert second["tokens_per_second"] == 750.0  # 3000 tokens over the 4 s of both steps
+    assert "mean_token_accuracy" not in second  # NaN is left out, not sent
+    assert first["memory_bytes"] > 10_000_000  # this test process: Python and transformers
+    assert "gpu_memory_bytes" not in first or first["gpu_memory_bytes"] >= 0
+    assert TrainingProgress.model_validate(second).tokens_per_second == 750.0
+
+
+def test_the_schema_drops_non_finite_optional_metrics() -> None:
+    from finetune_studio.schemas import TrainingProgress
+
+    event = {"step": 1, "total_steps": 2, "loss": 1.0, "learning_rate": 1e-3, "progress_percent": 50.0,
+             "tokens_per_second": math.inf, "mean_token_accuracy": math.nan, "memory_bytes": 20_000_000}
+    progress = TrainingProgress.model_validate(event)
+    assert progress.tokens_per_second is None and progress.mean_token_accuracy is None
+    assert progress.memory_bytes == 20_000_000 and progress.gpu_memory_bytes is None
 
 
 def test_warnings_are_capped_and_counted() -> None:

@@ -149,6 +149,7 @@ def test_progress_line() -> None:
     diverged = {**PROGRESS, "loss": None, "loss_finite": False}
     assert progress_line(diverged) == "step 15/60   25.0%  loss not finite  lr 2.00e-04  eta 01:15"
     assert progress_line({**PROGRESS, "eval_loss": 2.5, "eta_seconds": None}).endswith("eta --:--  eval_loss 2.5000")
+    assert progress_line({**PROGRESS, "tokens_per_second": 1234.6}).endswith("eta 01:15  1,235 tok/s")
 
 
 def test_a_pipe_gets_phase_lines_and_throttled_progress_lines() -> None:

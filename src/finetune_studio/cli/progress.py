@@ -51,12 +51,15 @@ def loss_text(progress: dict[str, Any]) -> str:
 
 
 def progress_line(progress: dict[str, Any]) -> str:
-    """One step's metrics as a line: 'step 15/60  25.0%  loss 2.3125  lr 2.00e-04  eta 01:15'."""
+    """One step's metrics as a line: 'step 15/60  25.0%  loss 2.3125  lr 2.00e-04  eta 01:15',
+    then the server's recent token rate ('1,234 tok/s') and eval loss where the step has them."""
     line = (
         f"step {progress['step']}/{progress['total_steps']}  {float(progress['progress_percent']):5.1f}%"
         f"  loss {loss_text(progress)}  lr {_number(progress.get('learning_rate'), '.2e')}"
         f"  eta {format_seconds(progress.get('eta_seconds'))}"
     )
+    if progress.get("tokens_per_second") is not None:
+        line += f"  {float(progress['tokens_per_second']):,.0f} tok/s"
     if progress.get("eval_loss") is not None:
         line += f"  eval_loss {float(progress['eval_loss']):.4f}"
     return line

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
+import os
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any, Optional
 
@@ -11,10 +13,56 @@ from transformers import TrainerCallback
 
 from finetune_studio.training.channel import Channel, StopSignal
 
+# The tokens-per-second rate is taken over this many of the latest steps: recent
+# enough to follow a change of speed, long enough not to jump with every batch.
+RATE_WINDOW_STEPS = 10
+
+try:
+    _PAGE_SIZE: Optional[int] = os.sysconf("SC_PAGE_SIZE")
+except (AttributeError, ValueError, OSError):  # not a POSIX system
+    _PAGE_SIZE = None
+
 
 def _number(logs: dict[str, Any], key: str) -> Optional[float]:
     value = logs.get(key)
     return float(value) if value is not None else None
+
+
+class ResidentMemory:
+    """This process's resident memory (RSS) in bytes, from /proc/self/statm (Linux);
+    None where there is no such file. The file is opened once and re-read in place
+    (a few µs), so that it costs next to nothing on every step."""
+
+    def __init__(self) -> None:
+        self._fd: Optional[int] = None
+        self._unavailable = _PAGE_SIZE is None
+
+    def __call__(self) -> Optional[int]:
+        if self._unavailable or _PAGE_SIZE is None:
+            return None
+        try:
+            if self._fd is None:
+                self._fd = os.open("/proc/self/statm", os.O_RDONLY)
+            return int(os.pread(self._fd, 256, 0).split()[1]) * _PAGE_SIZE
+        except (OSError, ValueError, IndexError, AttributeError):  # no /proc (or no pread): stop asking
+            self._unavailable = True
+            return None
+
+
+resident_bytes = ResidentMemory()  # one descriptor for the process's life (a training child)
+
+
+def _gpu_memory_reader() -> Optional[Callable[[], int]]:
+    """The reader of the GPU memory this process holds, or None without a CUDA GPU.
+    Asked once per run: torch is imported here, lazily (the trainer has already
+    imported it by then)."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    return torch.cuda.memory_reserved
 
 
 class ProgressCallback(TrainerCallback):
@@ -37,10 +85,16 @@ class ProgressCallback(TrainerCallback):
         # The first step whose loss or gradient norm was not finite, and what it was
         # (e.g. "loss nan"): the recipe ends the job as `diverged` once the trainer returns.
         self.diverged: Optional[tuple[int, str]] = None
+        # (time, tokens trained) at the latest steps, for `tokens_per_second`. TRL
+        # counts `num_tokens` from 0 in each process, resumed or not.
+        self.token_marks: deque[tuple[float, int]] = deque([(self.started, 0)], maxlen=RATE_WINDOW_STEPS + 1)
+        self.gpu_memory: Optional[Callable[[], int]] = None
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.started = time.monotonic()
         self.first_step = int(state.global_step)  # above 0 when resuming from a checkpoint
+        self.token_marks = deque([(self.started, 0)], maxlen=RATE_WINDOW_STEPS + 1)
+        self.gpu_memory = _gpu_memory_reader()
         self.on_begin(int(state.max_steps), self.first_step)
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -86,16 +140,31 @@ class ProgressCallback(TrainerCallback):
             self.channel.progress(**self.pending)
             self.pending = None
 
+    def _tokens_per_second(self, now: float, tokens: Optional[int]) -> Optional[float]:
+        """Tokens trained per second over the last `RATE_WINDOW_STEPS` steps (fewer at the start)."""
+        if tokens is None:
+            return None
+        if tokens < self.token_marks[-1][1]:  # a counter that started again: start the window again
+            self.token_marks.clear()
+            self.token_marks.append((self.started, 0))
+        self.token_marks.append((now, tokens))
+        then, before = self.token_marks[0]
+        seconds = now - then
+        return (tokens - before) / seconds if seconds > 0 and tokens > before else None
+
     def _progress(self, state: Any, logs: dict[str, Any]) -> dict[str, Any]:
         step = int(state.global_step)
         total = max(int(state.max_steps), 1)
-        elapsed = time.monotonic() - self.started
+        now = time.monotonic()
+        elapsed = now - self.started
         done = step - self.first_step
         eta = elapsed / done * (total - step) if done > 0 else None
         # A diverged step (NaN or infinite loss) is reported all the same: JSON has no
         # NaN, so the loss goes as null and the flag says why.
         loss = _number(logs, "loss")
         finite = loss is not None and math.isfinite(loss)
+        tokens = int(logs["num_tokens"]) if logs.get("num_tokens") is not None else None
+        rate = self._tokens_per_second(now, tokens)
         return {
             "step": step,
             "total_steps": total,
@@ -107,6 +176,10 @@ class ProgressCallback(TrainerCallback):
             "elapsed_seconds": round(elapsed, 3),
             "eta_seconds": round(eta, 3) if eta is not None else None,
             "grad_norm": _number(logs, "grad_norm"),
-            "num_tokens": int(logs["num_tokens"]) if logs.get("num_tokens") is not None else None,
+            "num_tokens": tokens,
+            "tokens_per_second": round(rate, 1) if rate is not None else rate,
+            "mean_token_accuracy": _number(logs, "mean_token_accuracy"),
+            "memory_bytes": resident_bytes(),
+            "gpu_memory_bytes": self.gpu_memory() if self.gpu_memory is not None else None,
             "timestamp": round(time.time(), 6),
         }

@@ -25,6 +25,8 @@ from finetune_studio.training.models import ModelSource, load_tokenizer_and_mode
 from finetune_studio.wire import JobFolder, WorkerSpec, last_checkpoint, save_atomically
 
 if TYPE_CHECKING:  # transformers is imported only once the job has announced loading_model
+    from transformers import EarlyStoppingCallback
+
     from finetune_studio.training.callbacks import ProgressCallback
 
 
@@ -42,6 +44,7 @@ class Recipe:
         self.jobs_dir = self.output_dir.parent
         self.phase: Phase = "idle"
         self.progress_callback: Optional[ProgressCallback] = None  # set by build_trainer
+        self.early_stopping: Optional[EarlyStoppingCallback] = None  # set by build_trainer when patience is given
         self.facts: dict[str, Any] = {"output_dir": str(self.output_dir), "worker_pid": os.getpid()}
         for warning in spec.warnings:
             channel.warn(warning)
@@ -90,6 +93,7 @@ class Recipe:
                 self.facts["dataset_problems"] = exc.problems
             self.enter("loading_dataset", "Reading and checking the dataset")  # the phase it failed in
             raise
+        self.check_early_stopping(eval_data)
         self.stop.check()
         tokenizer, model = self.load_model(source)
         self.facts["model_parameters"] = sum(p.numel() for p in model.parameters())
@@ -131,7 +135,47 @@ class Recipe:
             metrics = trainer.evaluate()
             self.facts["eval_loss"] = metrics.get("eval_loss")
         self.phase = "completed"
-        self.channel.status("completed", f"Training completed: {final} steps", details=self.details())
+        message = self.early_stop_message(trainer.state) or f"Training completed: {final} steps"
+        self.channel.status("completed", message, details=self.details())
+
+    def check_early_stopping(self, eval_data: Optional[LoadedData]) -> None:
+        """Early stopping watches the evaluation loss, so it needs evaluations: without them
+        it is refused, before any weights are read."""
+        request = self.request
+        if request.early_stopping_patience is None:
+            return
+        missing = [what for what, absent in (("evaluation data (local_eval_datasets or eval_split)", eval_data is None),
+                                             ("eval_steps above 0", not request.eval_steps)) if absent]
+        if missing:
+            raise JobFailure(
+                "config_invalid",
+                f"early_stopping_patience ({request.early_stopping_patience}) watches the evaluation loss and needs "
+                + " and ".join(missing) + "; give them, or leave early_stopping_patience out",
+            )
+
+    def early_stop_message(self, state: Any) -> Optional[str]:
+        """The `completed` message when the early-stopping callback ended training before
+        max steps (a user's stop and a divergence end the job before this is asked)."""
+        request = self.request
+        callback = self.early_stopping
+        if callback is None or request.early_stopping_patience is None:
+            return None
+        step = int(state.global_step)
+        if step >= int(state.max_steps) or callback.early_stopping_patience_counter < request.early_stopping_patience:
+            return None
+        best_step = state.best_global_step
+        if best_step is None and state.best_model_checkpoint:
+            best_step = int(Path(state.best_model_checkpoint).name.rsplit("-", 1)[-1])
+        best_loss = float(state.best_metric) if state.best_metric is not None else None
+        self.facts.update(early_stopped=True, best_step=best_step, best_eval_loss=best_loss)
+        if state.best_model_checkpoint:
+            self.facts["best_checkpoint"] = str(state.best_model_checkpoint)
+        loss = f"{best_loss:.4g}" if best_loss is not None else "unknown"
+        return (
+            f"Training completed: stopped early at step {step}: the evaluation loss did not improve by more than"
+            f" {request.early_stopping_threshold:g} for {request.early_stopping_patience} evaluations;"
+            f" the result is the best checkpoint, step {best_step} (eval_loss {loss})"
+        )
 
     def check_divergence(self, checkpoint: Optional[Path]) -> None:
         """End the job as `diverged` if the callback stopped training at a NaN or
@@ -301,9 +345,21 @@ class Recipe:
             os.environ["TENSORBOARD_LOGGING_DIR"] = self.facts["tensorboard_dir"]
 
         evaluation: dict[str, Any] = {"eval_strategy": "no"}
+        saving: dict[str, Any] = {"save_strategy": "steps" if request.save_steps > 0 else "no",
+                                  "save_steps": max(request.save_steps, 1)}
         if eval_data is not None and request.eval_steps:
             # Below 1, transformers reads eval_steps as a fraction of the total steps.
             evaluation = {"eval_strategy": "steps", "eval_steps": request.eval_steps, "per_device_eval_batch_size": request.batch_size}
+            if request.early_stopping_patience is not None:
+                # Loading the best model at the end needs a checkpoint at every evaluation
+                # (transformers wants save steps a multiple of eval steps): save with each.
+                evaluation.update(load_best_model_at_end=True, metric_for_best_model="eval_loss", greater_is_better=False)
+                saving = {"save_strategy": "steps", "save_steps": request.eval_steps}
+                if request.save_steps != request.eval_steps:
+                    self.channel.warn(
+                        f"early_stopping_patience saves a checkpoint at every evaluation (eval_steps {request.eval_steps:g})"
+                        f" instead of every save_steps ({request.save_steps}), so that the best one can be the result"
+                    )
         elif request.eval_steps and eval_data is None:
             self.channel.warn("eval_steps is set but there is no evaluation data (local_eval_datasets or eval_split)")
 
@@ -325,8 +381,7 @@ class Recipe:
             data_seed=request.random_seed,
             logging_strategy="steps",
             logging_steps=1,
-            save_strategy="steps" if request.save_steps > 0 else "no",
-            save_steps=max(request.save_steps, 1),
+            **saving,
             report_to=report_to or "none",
             disable_tqdm=True,
             use_cpu=not cuda,
@@ -341,6 +396,12 @@ class Recipe:
         )
         peft_config = self.lora_config() if self.method == "lora" else None
         self.progress_callback = ProgressCallback(self.channel, self.stop, self.start_training)
+        callbacks: list[Any] = [self.progress_callback]
+        if request.early_stopping_patience is not None:
+            from transformers import EarlyStoppingCallback
+
+            self.early_stopping = EarlyStoppingCallback(request.early_stopping_patience, request.early_stopping_threshold)
+            callbacks.append(self.early_stopping)
         self.facts["method"] = self.method
         self.facts["training_type"] = request.training_type
         try:
@@ -351,7 +412,7 @@ class Recipe:
                 eval_dataset=Dataset.from_list(self.trainer_rows(tokenizer, eval_data)) if eval_data else None,
                 processing_class=tokenizer,
                 peft_config=peft_config,
-                callbacks=[self.progress_callback],
+                callbacks=callbacks,
             )
         except ValueError as exc:
             text = str(exc)

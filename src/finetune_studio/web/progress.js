@@ -1,7 +1,15 @@
 // The progress bar and the stat tiles under the timeline: step, percent done,
-// elapsed, ETA, loss, learning rate, epoch and tokens of the latest progress event.
+// elapsed, ETA, loss, learning rate, epoch, tokens, the server's tokens/s (a rate over
+// the latest steps), token accuracy and memory of the latest progress event.
 
 import * as fmt from "./format.js";
+
+/** Bytes as "512 MB" or "1.25 GB"; "–" when unknown. */
+function size(bytes) {
+  if (bytes == null || !Number.isFinite(bytes)) return "–";
+  if (bytes >= 1e9) return `${(bytes / 1e9).toFixed(2)} GB`;
+  return `${Math.round(bytes / 1e6)} MB`;
+}
 
 export class ProgressTiles {
   constructor(root) {
@@ -37,5 +45,9 @@ export class ProgressTiles {
     set("#s-lr", p ? fmt.rate(p.learning_rate) : "–");
     set("#s-epoch", p && p.epoch != null ? p.epoch.toFixed(2) : "–");
     set("#s-tokens", p && p.num_tokens != null ? fmt.integer(p.num_tokens) : "–");
+    set("#s-tps", p && p.tokens_per_second != null ? fmt.integer(p.tokens_per_second) : "–");
+    set("#s-accuracy", p && p.mean_token_accuracy != null ? fmt.percent(100 * p.mean_token_accuracy) : "–");
+    set("#s-memory", size(p ? p.memory_bytes : null));
+    set("#s-gpu-memory", size(p ? p.gpu_memory_bytes : null));
   }
 }
