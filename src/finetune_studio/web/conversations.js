@@ -12,7 +12,7 @@
 // two histories in one list of turns: each turn's prompt is shared, and each side
 // (`tuned`, the fine-tuned job; `base`, its base model) has its own answer.
 
-import { openDB } from "./vendor/idb/index.js";
+import { reopeningDatabase } from "./idbopen.js";
 
 const DB_NAME = "finetune-studio-chat";
 const DB_VERSION = 1;
@@ -21,35 +21,15 @@ const BY_MODEL = "by_model";
 
 export const DEFAULT_SETTINGS = Object.freeze({ system: "", temperature: 0.7, max_tokens: 256, seed: null });
 
-let opening = null;
-
-async function connect() {
-  try {
-    const db = await openDB(DB_NAME, DB_VERSION, {
-      upgrade(database) {
-        const store = database.createObjectStore(CONVERSATIONS, { keyPath: "id" });
-        store.createIndex(BY_MODEL, "model");
-      },
-      // Another tab upgrading the schema: let it, and reopen on next use.
-      blocking() {
-        db.close();
-        opening = null;
-      },
-      terminated() {
-        opening = null;
-      },
-    });
-    return db;
-  } catch (error) {
-    console.warn("IndexedDB is unavailable; conversations will not survive a reload", error);
-    return null;
-  }
-}
-
-function database() {
-  if (!opening) opening = connect();
-  return opening;
-}
+const database = reopeningDatabase(
+  DB_NAME,
+  DB_VERSION,
+  (db) => {
+    const store = db.createObjectStore(CONVERSATIONS, { keyPath: "id" });
+    store.createIndex(BY_MODEL, "model");
+  },
+  "conversations",
+);
 
 function newId() {
   // crypto.randomUUID() needs a secure context; a server reached over plain HTTP on a LAN is not one.

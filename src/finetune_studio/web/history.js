@@ -4,47 +4,24 @@
 // after the last stored id.
 //
 // Database "finetune-studio", store "events": {job_id, id, kind, data, stored_at},
-// reached through idb (vendored), which turns IndexedDB's requests into promises.
+// reached through idb (vendored, opened by idbopen.js), which turns IndexedDB's
+// requests into promises.
 
-import { openDB } from "./vendor/idb/index.js";
+import { reopeningDatabase } from "./idbopen.js";
 
 const DB_NAME = "finetune-studio";
 const DB_VERSION = 1;
 export const EVENTS = "events";
 
-let opening = null;
-
-async function connect() {
-  try {
-    const db = await openDB(DB_NAME, DB_VERSION, {
-      upgrade(database) {
-        if (!database.objectStoreNames.contains(EVENTS)) database.createObjectStore(EVENTS, { keyPath: ["job_id", "id"] });
-      },
-      blocked() {
-        console.warn("IndexedDB upgrade is blocked by another tab");
-      },
-      // Another tab upgrading the schema: let it, and reopen on next use.
-      blocking() {
-        db.close();
-        opening = null;
-      },
-      // The browser closed the database (cleared by the user, say): reopen on next use.
-      terminated() {
-        opening = null;
-      },
-    });
-    return db;
-  } catch (error) {
-    console.warn("IndexedDB is unavailable; history will not survive a reload", error);
-    return null;
-  }
-}
-
 /** The database, or null where IndexedDB is unavailable (then history is not kept). */
-export function openHistory() {
-  if (!opening) opening = connect();
-  return opening;
-}
+export const openHistory = reopeningDatabase(
+  DB_NAME,
+  DB_VERSION,
+  (database) => {
+    if (!database.objectStoreNames.contains(EVENTS)) database.createObjectStore(EVENTS, { keyPath: ["job_id", "id"] });
+  },
+  "history",
+);
 
 function jobRange(jobId) {
   return IDBKeyRange.bound([jobId, -Infinity], [jobId, Infinity]);
