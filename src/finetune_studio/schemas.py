@@ -8,7 +8,7 @@ section 3). This module holds no logic beyond field validation.
 from __future__ import annotations
 
 import math
-from typing import Annotated, Any, Literal, Optional
+from typing import Annotated, Any, Literal, Optional, Union, get_args
 
 from pydantic import (
     AfterValidator,
@@ -46,6 +46,8 @@ ErrorCode = Literal[
     "disk_full",
     "training_failed",
     "diverged",
+    "export_failed",
+    "export_tools_missing",
     "worker_died",
     "worker_failed_to_start",
     "server_restarted",
@@ -340,3 +342,126 @@ class JobList(BaseModel):
 
 class Health(BaseModel):
     status: Literal["ok"] = "ok"
+
+
+# -- exports (DESIGN.md section 8) ---------------------------------------------
+
+ExportPhase = Literal[
+    "idle",
+    "loading_model",
+    "merging",
+    "converting",
+    "quantizing",
+    "completed",
+    "error",
+    "stopped",
+]
+ExportFormat = Literal["merged_16bit", "gguf", "lora_gguf"]
+# llama.cpp's names, lower case; the one list the API, the child and the UI share.
+GgufQuantization = Literal["f16", "bf16", "q8_0", "q4_k_m", "q5_k_m", "q6_k"]
+# lora_gguf: llama.cpp's LoRA converter writes these.
+LoraGgufType = Literal["f16", "bf16", "q8_0"]
+DEFAULT_GGUF_QUANTIZATION = "q4_k_m"
+
+
+class ExportStartRequest(BaseModel):
+    """`POST /export/start`: export a completed training job's result."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    job_id: str = Field(description="The training job whose result (adapter or model) to export.")
+    format: ExportFormat = Field(description="merged_16bit (safetensors), gguf, or lora_gguf (the adapter alone).")
+    quantization: Optional[Union[str, list[str]]] = Field(
+        default=None,
+        description="gguf: one or several of f16, bf16, q8_0, q4_k_m, q5_k_m, q6_k (default q4_k_m), one file"
+        " each; lora_gguf: one of f16, bf16, q8_0 (default f16); merged_16bit: none.",
+    )
+
+    @field_validator("quantization", mode="after")
+    @classmethod
+    def _known_quantizations(cls, value: Optional[Union[str, list[str]]], info: ValidationInfo) -> Optional[list[str]]:
+        if value is None:
+            return None
+        names = [value] if isinstance(value, str) else list(value)
+        names = [name.strip().lower() for name in names]
+        valid = get_args(GgufQuantization)
+        unknown = [name for name in names if name not in valid]
+        if unknown:
+            raise PydanticCustomError(
+                "quantization_unknown",
+                "quantization: {unknown} is not one llama.cpp makes here; choose among {valid}",
+                {"unknown": ", ".join(repr(n) for n in unknown), "valid": ", ".join(valid)},
+            )
+        if not names:
+            raise PydanticCustomError("quantization_empty", "quantization: name at least one, e.g. [\"q4_k_m\"]", {})
+        return list(dict.fromkeys(names))  # each once, in the order asked
+
+    @model_validator(mode="after")
+    def _quantization_fits_format(self) -> ExportStartRequest:
+        names = self.quantization
+        if self.format == "merged_16bit" and names:
+            raise PydanticCustomError(
+                "quantization_not_applicable", "quantization: merged_16bit writes 16-bit safetensors; leave quantization out", {}
+            )
+        if self.format == "lora_gguf" and names:
+            allowed = get_args(LoraGgufType)
+            if len(names) != 1 or names[0] not in allowed:
+                raise PydanticCustomError(
+                    "quantization_not_applicable",
+                    "quantization: lora_gguf writes one adapter file, as one of {allowed}",
+                    {"allowed": ", ".join(allowed)},
+                )
+        return self
+
+    def quantizations(self) -> list[str]:
+        """The files to write, one per name ([] for merged_16bit)."""
+        if self.format == "merged_16bit":
+            return []
+        if self.quantization:
+            return list(self.quantization)
+        return [DEFAULT_GGUF_QUANTIZATION] if self.format == "gguf" else ["f16"]
+
+
+class ExportJobResponse(BaseModel):
+    export_id: str
+    status: Literal["queued", "error"]
+    message: str
+    error: Optional[str] = None
+
+
+class ExportFile(BaseModel):
+    """One finished file of a completed export (`details.files`)."""
+
+    name: str  # relative to the export's folder; what /export/download/{id}/{name} takes
+    format: ExportFormat
+    quantization: Optional[str] = None  # None for merged_16bit files and the Modelfile
+    bytes: int
+    sha256: str
+
+
+class ExportStatus(BaseModel):
+    export_id: str
+    job_id: str  # the training job exported
+    phase: ExportPhase
+    is_running: bool
+    message: str
+    error: Optional[str] = None
+    details: Optional[dict[str, Any]] = None
+
+
+class ExportProgress(BaseModel):
+    """Progress through one stage of an export, per tensor while converting or quantizing."""
+
+    stage: Literal["merging", "converting", "quantizing"]
+    file: Optional[str] = None  # the file being written
+    done: int  # tensors (or, while merging, layers) finished in this stage's file
+    total: int
+    progress_percent: float  # the whole export, 0 to 100
+    elapsed_seconds: Optional[float] = None
+    eta_seconds: Optional[float] = None
+    timestamp: Optional[float] = None
+
+
+class ExportList(BaseModel):
+    data: list[ExportStatus]
+    count: int

@@ -30,6 +30,8 @@ const ERROR_CODES = {
   disk_full: "The disk is full",
   training_failed: "Training failed",
   diverged: "The loss diverged: lower the learning rate or check the data",
+  export_failed: "The export failed: its log says where",
+  export_tools_missing: "llama.cpp's tools are not installed: install finetune-studio[gguf]",
   worker_died: "The training process ended unexpectedly",
   worker_failed_to_start: "The training process could not start",
   server_restarted: "The server restarted while this run was going; its checkpoints are kept",
