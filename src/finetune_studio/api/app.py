@@ -23,7 +23,7 @@ from starlette.types import Scope
 
 from finetune_studio import __version__
 from finetune_studio.api import openai_errors
-from finetune_studio.api.auth import TokenGuard
+from finetune_studio.api.auth import TokenGuard, under_prefixes
 from finetune_studio.api.body_limit import DeclaredBodyLimit, too_large_body
 from finetune_studio.api.deps import Studio
 from finetune_studio.api.routes import chat, health, train
@@ -40,9 +40,12 @@ from finetune_studio.supervisor.supervisor import Supervisor
 from finetune_studio.text import clean_text
 
 WEB_DIR = Path(__file__).resolve().parent.parent / "web"
-API_PREFIX = train.router.prefix + "/"  # every path under it wants the token, when one is set
-OPENAI_PREFIX = chat.router.prefix + "/"  # the same, and its errors come in OpenAI's shape
-API_PREFIXES = (API_PREFIX, OPENAI_PREFIX)
+# Every API router, each under a prefix of its own: every path under these wants the
+# token when one is set, and the web UI's mount leaves them to the API. A new router
+# goes here (and nowhere else), so it cannot be left unguarded.
+API_ROUTERS = (train.router, chat.router)
+API_PREFIXES = tuple(router.prefix + "/" for router in API_ROUTERS)
+OPENAI_PREFIX = chat.router.prefix + "/"  # its errors come in OpenAI's shape
 log = logging.getLogger("finetune_studio")
 
 
@@ -103,13 +106,13 @@ def create_app(
     )
     if settings.token is not None:
         app.add_middleware(
-            TokenGuard, token=settings.token.get_secret_value(), prefixes=(API_PREFIX,), openai_prefixes=(OPENAI_PREFIX,)
+            TokenGuard, token=settings.token.get_secret_value(), prefixes=API_PREFIXES, openai_prefixes=(OPENAI_PREFIX,)
         )
     # Added last, so it runs first: an over-long declared body is refused unread.
     app.add_middleware(DeclaredBodyLimit, max_bytes=settings.max_request_bytes, openai_prefixes=(OPENAI_PREFIX,))
     app.include_router(health.router)
-    app.include_router(train.router, max_body_size=settings.max_request_bytes)
-    app.include_router(chat.router, max_body_size=settings.max_request_bytes)
+    for router in API_ROUTERS:
+        app.include_router(router, max_body_size=settings.max_request_bytes)
 
     @app.exception_handler(StudioError)
     async def studio_error(request: Request, exc: StudioError) -> JSONResponse:
@@ -160,7 +163,7 @@ class UiMount(Mount):
 
     def matches(self, scope: Scope) -> tuple[Match, Scope]:
         path = scope.get("path", "")
-        if scope["type"] == "http" and (path.startswith(API_PREFIXES) or path == "/health"):
+        if scope["type"] == "http" and (under_prefixes(path, API_PREFIXES) or path == "/health"):
             return Match.NONE, {}
         return super().matches(scope)
 

@@ -26,15 +26,21 @@ OPENAI_UNAUTHORIZED = (
 )
 
 
+def under_prefixes(path: str, prefixes: tuple[str, ...]) -> bool:
+    """Whether path is one of the prefixes' folders ("/system") or under one ("/system/x");
+    each prefix ends with "/"."""
+    return path.startswith(prefixes) or (path + "/") in prefixes
+
+
 class TokenGuard:
     def __init__(self, app: ASGIApp, token: str, prefixes: tuple[str, ...], openai_prefixes: tuple[str, ...] = ()) -> None:
         self.app = app
         self.expected = token.encode()
-        self.prefixes = prefixes + openai_prefixes
+        self.prefixes = prefixes + openai_prefixes  # each ends with "/"
         self.openai_prefixes = openai_prefixes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"].startswith(self.prefixes) and not self._authorized(scope):
+        if scope["type"] == "http" and under_prefixes(scope["path"], self.prefixes) and not self._authorized(scope):
             if scope["path"].startswith(self.openai_prefixes):
                 body = error_body(OPENAI_UNAUTHORIZED, "invalid_request_error", code="invalid_api_key")
             else:
