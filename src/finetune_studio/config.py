@@ -63,7 +63,16 @@ class Settings(BaseSettings):
     port: int = Field(default=8000, ge=0, le=65535)
     data_dir: Path = Field(default_factory=default_data_dir)
     max_concurrent_jobs: int = Field(default=1, ge=1, description="Jobs that train at the same time.")
+    max_concurrent_exports: int = Field(
+        default=1, ge=1, description="Exports that run at the same time, beside training (an export never waits for a training job)."
+    )
     max_queued_jobs: int = Field(default=1000, ge=1, description="Jobs waiting beyond this are refused.")
+    max_concurrent_inspections: int = Field(
+        default=2, ge=1, description="Dataset inspections (POST /datasets/inspect) that run at once; more are refused (429)."
+    )
+    inspect_timeout_seconds: float = Field(
+        default=120.0, gt=0, description="A dataset inspection that takes longer is killed and answered 503."
+    )
     stop_grace_seconds: float = Field(
         default=60.0, gt=0, description="How long a stopping job may take to finish its step and save before it is terminated."
     )
@@ -94,6 +103,9 @@ class Settings(BaseSettings):
     )
     max_request_bytes: int = Field(default=1 * MiB, ge=1024, description="Largest request body accepted (413 beyond).")
     max_dataset_bytes: int = Field(default=1024 * MiB, ge=1, description="Largest dataset file a job may name.")
+    max_file_bytes: int = Field(
+        default=512 * MiB, ge=1, description="Largest file POST /v1/files stores (the page's uploads too); 413 beyond."
+    )
     max_streams_per_job: int = Field(
         default=2500, ge=1, description="Open event streams one job may have; more are refused (503, Retry-After)."
     )
@@ -101,6 +113,22 @@ class Settings(BaseSettings):
         default=30.0,
         gt=0,
         description="A stream client that reads nothing of what it was sent for this long is dropped (it can resume with Last-Event-ID).",
+    )
+    # Scale-out (DESIGN.md section 11, docs/SCALE-OUT.md). Unset: jobs train in local
+    # children and nothing of Ray is imported.
+    ray_address: Optional[str] = Field(
+        default=None,
+        description="Run training jobs on this Ray cluster (`auto`: the cluster this machine belongs to; or ray://HOST:10001,"
+        " or HOST:6379). Exports and chat stay on this machine.",
+    )
+    ray_max_failures: int = Field(
+        default=2, ge=0, description="Times Ray Train restarts a job from its last checkpoint after losing a worker, before the job fails."
+    )
+    ray_storage_path: Optional[str] = Field(
+        default=None,
+        description="Where Ray Train keeps each run's state: a folder every node sees at the same path, or a URI pyarrow"
+        " understands (s3://, gs://, hdfs://). Default: <data-dir>/ray. A job's own files (checkpoints, adapter, job.json)"
+        " are written to its job folder, so the data directory must be shared with the nodes too.",
     )
 
     @field_validator("token")
@@ -129,6 +157,20 @@ class Settings(BaseSettings):
     @property
     def jobs_dir(self) -> Path:
         return self.data_dir / "jobs"
+
+    @property
+    def files_dir(self) -> Path:
+        """The file store's files (finetune_studio/files/)."""
+        return self.data_dir / "files"
+
+    @property
+    def ray_storage(self) -> str:
+        """Ray Train's storage_path for the runs of this server."""
+        return self.ray_storage_path or str(self.data_dir / "ray")
+
+    @property
+    def exports_dir(self) -> Path:
+        return self.data_dir / "exports"
 
     @property
     def url(self) -> str:

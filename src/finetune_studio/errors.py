@@ -3,15 +3,21 @@
     StudioError                      (500)
     +-- JobNotFound                  (404) no job has this id
     +-- JobAlreadyFinished           (409) stop or change asked of a finished job
+    +-- JobNotFinished               (409) delete asked of a job that is queued or running
     +-- StartRefused                 (400) a well-formed request the server cannot take
     |   +-- PathNotAllowed           (403) a path outside the configured roots, on an exposed server
     |   +-- QueueFull                (429) too many jobs waiting
     +-- InvalidTransition            (409) a phase change that the state machine forbids
     +-- PastLastEvent                (416) a Last-Event-ID beyond the job's last event
+    +-- InspectionBusy               (429) as many dataset inspections running as the server allows
+    +-- InspectionFailed             (503) a dataset inspection's process died or ran out of time
     +-- ChatError                    (OpenAI's error shape, under /v1/)
     |   +-- ModelNotFound            (404) no model, or a job with nothing to serve yet
     |   +-- InvalidChatRequest       (400) a bad parameter, named by `param`
     |   +-- InferenceUnavailable     (503) the inference process died or could not start
+    |   +-- InvalidFile              (400) an uploaded file unfit for its purpose, naming its bad lines
+    |   +-- FileNotFound             (404) no stored file has this id
+    |   +-- NotPausable              (409) pause or resume asked of a job in a phase that has none
     +-- UnsafeSettings               (never answered: the server refuses to start)
     +-- DataDirInUse                 (never answered: another server owns the data dir)
 """
@@ -37,8 +43,19 @@ class JobAlreadyFinished(StudioError):
     status_code = 409
 
 
+class JobNotFinished(StudioError):
+    status_code = 409
+
+
 class StartRefused(StudioError):
+    """`field`, when known, names the request field at fault: the answer carries it,
+    so a form can show the error beside that field."""
+
     status_code = 400
+
+    def __init__(self, message: str, *, field: Optional[str] = None) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 class PathNotAllowed(StartRefused):
@@ -65,6 +82,14 @@ class PastLastEvent(StudioError):
             f" Resume with Last-Event-ID {last} or lower (0, or none, replays every event)"
         )
         self.last_event_id = last
+
+
+class InspectionBusy(StudioError):
+    status_code = 429
+
+
+class InspectionFailed(StudioError):
+    status_code = 503
 
 
 class UnsafeSettings(StudioError):
@@ -107,3 +132,27 @@ class InvalidChatRequest(ChatError):
 class InferenceUnavailable(ChatError):
     status_code = 503
     code = "inference_unavailable"
+
+
+class InvalidFile(InvalidChatRequest):
+    """A file for /v1/files (or a page upload) that does not fit its purpose; the
+    message names the bad lines, `param` the form field (`file` or `purpose`)."""
+
+    code = "invalid_file"
+
+
+class FileNotFound(ChatError):
+    status_code = 404
+    error_type = "invalid_request_error"
+    code = "file_not_found"
+
+    def __init__(self, message: str, param: Optional[str] = None) -> None:
+        super().__init__(message, param=param)
+
+
+class NotPausable(ChatError):
+    """Pause of a job that is not queued or running, or resume of one that is not paused."""
+
+    status_code = 409
+    error_type = "invalid_request_error"
+    code = "invalid_state"

@@ -1,5 +1,6 @@
 """OpenAI's wire models for chat (DESIGN.md section 7): the request, the answer, its
-streamed chunks, the model list and the error shape.
+streamed chunks, the model list and the error shape; and for fine-tuning (section 9):
+files, jobs, their events and checkpoints.
 
 Field names and values are OpenAI's, so that any OpenAI client (the official SDK,
 LangChain, curl) talks to the server unchanged. Only what the server serves is
@@ -213,3 +214,222 @@ class ErrorResponse(BaseModel):
 def error_body(message: str, type: str, param: Optional[str] = None, code: Optional[str] = None) -> dict[str, Any]:
     """`{"error": {message, type, param, code}}` as JSON-ready data."""
     return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+# -- files (DESIGN.md section 9) --------------------------------------------------
+
+
+class FileObject(BaseModel):
+    """A stored file, as OpenAI's Files API shows it."""
+
+    id: str
+    object: Literal["file"] = "file"
+    bytes: int
+    created_at: int
+    filename: str
+    purpose: str
+    status: Literal["uploaded", "processed", "error"] = "processed"
+    status_details: Optional[str] = None
+    expires_at: Optional[int] = None
+
+
+class FileList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[FileObject]
+    has_more: bool
+    first_id: Optional[str] = None
+    last_id: Optional[str] = None
+
+
+class FileDeleted(BaseModel):
+    id: str
+    object: Literal["file"] = "file"
+    deleted: bool = True
+
+
+# -- fine-tuning jobs (DESIGN.md section 9) --------------------------------------
+
+Auto = Literal["auto"]
+# OpenAI's statuses, and `paused` (its pause and resume).
+FineTuningStatus = Literal["validating_files", "queued", "running", "succeeded", "failed", "cancelled", "paused"]
+
+
+class Hyperparameters(BaseModel):
+    """`"auto"` or a number each; what "auto" means here is documented in the README
+    ("From OpenAI's SDK")."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    n_epochs: Union[Auto, int] = Field(default="auto", description="Passes over the training file (auto: 3).")
+    batch_size: Union[Auto, int] = Field(default="auto", description="Rows per optimizer step (auto: 1).")
+    learning_rate_multiplier: Union[Auto, float] = Field(
+        default="auto", description="Scales the base learning rate, 2e-4 for LoRA (auto: 1)."
+    )
+
+    @field_validator("n_epochs", "batch_size")
+    @classmethod
+    def _positive_count(cls, value: Union[str, int]) -> Union[str, int]:
+        if isinstance(value, int) and not 1 <= value <= 1024:
+            raise PydanticCustomError("count_range", "must be \"auto\" or a whole number from 1 to 1024", {})
+        return value
+
+    @field_validator("learning_rate_multiplier")
+    @classmethod
+    def _positive_multiplier(cls, value: Union[str, float]) -> Union[str, float]:
+        if isinstance(value, float) and not 0 < value <= 100:
+            raise PydanticCustomError("multiplier_range", "must be \"auto\" or a number above 0 and at most 100", {})
+        return value
+
+
+class DpoHyperparameters(Hyperparameters):
+    beta: Union[Auto, float] = Field(default="auto", description="DPO's beta (auto: 0.1).")
+
+
+class SupervisedMethod(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    hyperparameters: Optional[Hyperparameters] = None
+
+
+class DpoMethod(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    hyperparameters: Optional[DpoHyperparameters] = None
+
+
+class Method(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["supervised", "dpo", "reinforcement"]
+    supervised: Optional[SupervisedMethod] = None
+    dpo: Optional[DpoMethod] = None
+    reinforcement: Optional[dict[str, Any]] = None
+
+
+class WandbIntegration(BaseModel):
+    project: str = Field(min_length=1)
+    name: Optional[str] = None
+    entity: Optional[str] = None
+    tags: Optional[list[str]] = None
+
+
+class Integration(BaseModel):
+    type: Literal["wandb"]
+    wandb: WandbIntegration
+
+
+class FineTuningJobRequest(BaseModel):
+    """`POST /v1/fine_tuning/jobs`: OpenAI's request. `model` is what `/train/start` takes
+    as `model_name` (a local folder, a .gguf file or a hub id)."""
+
+    model_config = ConfigDict(extra="ignore", protected_namespaces=())
+
+    model: str = Field(min_length=1)
+    training_file: str = Field(min_length=1, description="A file id from POST /v1/files (purpose fine-tune).")
+    validation_file: Optional[str] = None
+    hyperparameters: Optional[Hyperparameters] = Field(default=None, description="OpenAI's older place for them.")
+    method: Optional[Method] = None
+    suffix: Optional[str] = Field(default=None, max_length=64, pattern=r"^[A-Za-z0-9_.-]*$")
+    seed: Optional[int] = Field(default=None, ge=0, le=2**31 - 1)
+    metadata: Optional[dict[str, str]] = None
+    integrations: Optional[list[Integration]] = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _valid_unicode(cls, data: Any) -> Any:
+        return refuse_invalid_text(cls.__name__, data)
+
+    @field_validator("metadata")
+    @classmethod
+    def _small_metadata(cls, value: Optional[dict[str, str]]) -> Optional[dict[str, str]]:
+        if value is not None and (len(value) > 16 or any(len(k) > 64 or len(v) > 512 for k, v in value.items())):
+            raise PydanticCustomError(
+                "metadata_size", "at most 16 pairs, keys of at most 64 characters and values of at most 512", {}
+            )
+        return value
+
+
+class FineTuningJobError(BaseModel):
+    code: str
+    message: str
+    param: Optional[str] = None
+
+
+class JobHyperparameters(BaseModel):
+    n_epochs: Union[Auto, int, None] = None
+    batch_size: Union[Auto, int, None] = None
+    learning_rate_multiplier: Union[Auto, float, None] = None
+    beta: Union[Auto, float, None] = None
+
+
+class FineTuningJob(BaseModel):
+    id: str
+    object: Literal["fine_tuning.job"] = "fine_tuning.job"
+    created_at: int
+    error: Optional[FineTuningJobError] = None
+    fine_tuned_model: Optional[str] = None
+    finished_at: Optional[int] = None
+    hyperparameters: JobHyperparameters
+    model: str
+    organization_id: str = OWNED_BY
+    result_files: list[str] = Field(default_factory=list)
+    seed: int
+    status: FineTuningStatus
+    trained_tokens: Optional[int] = None
+    training_file: str
+    validation_file: Optional[str] = None
+    estimated_finish: Optional[int] = None
+    integrations: Optional[list[Integration]] = None
+    metadata: Optional[dict[str, str]] = None
+    method: Optional[dict[str, Any]] = None
+    user_provided_suffix: Optional[str] = None
+
+
+class FineTuningJobList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[FineTuningJob]
+    has_more: bool
+
+
+class FineTuningJobEvent(BaseModel):
+    id: str
+    object: Literal["fine_tuning.job.event"] = "fine_tuning.job.event"
+    created_at: int
+    level: Literal["info", "warn", "error"] = "info"
+    message: str
+    data: Optional[dict[str, Any]] = None
+    type: Literal["message", "metrics"] = "message"
+
+
+class FineTuningJobEventList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[FineTuningJobEvent]
+    has_more: bool
+
+
+class CheckpointMetrics(BaseModel):
+    step: Optional[float] = None
+    train_loss: Optional[float] = None
+    train_mean_token_accuracy: Optional[float] = None
+    valid_loss: Optional[float] = None
+    valid_mean_token_accuracy: Optional[float] = None
+    full_valid_loss: Optional[float] = None
+    full_valid_mean_token_accuracy: Optional[float] = None
+
+
+class FineTuningJobCheckpoint(BaseModel):
+    id: str
+    object: Literal["fine_tuning.job.checkpoint"] = "fine_tuning.job.checkpoint"
+    created_at: int
+    fine_tuned_model_checkpoint: str
+    fine_tuning_job_id: str
+    metrics: CheckpointMetrics
+    step_number: int
+
+
+class FineTuningJobCheckpointList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[FineTuningJobCheckpoint]
+    has_more: bool
+    first_id: Optional[str] = None
+    last_id: Optional[str] = None

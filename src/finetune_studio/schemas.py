@@ -7,7 +7,9 @@ section 3). This module holds no logic beyond field validation.
 
 from __future__ import annotations
 
+import copy
 import math
+import re
 from typing import Annotated, Any, Literal, Optional, Union, get_args
 
 from pydantic import (
@@ -50,18 +52,23 @@ ErrorCode = Literal[
     "export_tools_missing",
     "worker_died",
     "worker_failed_to_start",
+    "cluster_unavailable",
     "server_restarted",
     "internal_error",
 ]
 
 TrainingType = Literal["LoRA/QLoRA", "Full Finetuning", "Continued Pretraining"]
 FormatType = Literal["auto", "alpaca", "chatml", "sharegpt", "raw"]
+# DESIGN.md section 10: what the trainer optimises. sft learns the answers; dpo, orpo
+# and kto learn preferences; grpo learns from rewards of its own completions.
+TrainingMethod = Literal["sft", "dpo", "orpo", "kto", "grpo"]
 
 # Fields that hold secrets: never stored, logged or echoed.
 SECRET_FIELDS = ("hf_token", "wandb_token")
 # Keys the server adds to a request as it stores it, beside the request's fields.
 WITHHELD_SECRETS = "withheld_secrets"  # the names of the secrets it carried (never their values)
 QUEUED_WARNINGS = "queued_warnings"  # what admission noticed, for the job's statuses to carry
+OPENAI_JOB = "openai"  # a job created through /v1/fine_tuning/jobs: OpenAI's fields that have no twin here
 # An ignored-fields warning names at most this many fields, each cut to this length.
 _NAMED_FIELDS, _NAME_CHARS = 10, 40
 
@@ -82,10 +89,118 @@ def _not_blank(value: str, info: ValidationInfo) -> str:
 PathText = Annotated[str, AfterValidator(_not_blank)]
 
 
+def null_means_default(model: type[BaseModel], data: Any) -> Any:
+    """A body with every `null` dropped that stands for a field's default (a field
+    that has a default other than None): what the Studio's UI means by sending it."""
+    if not isinstance(data, dict):
+        return data
+    fields = model.model_fields
+    nulls = [
+        name for name, value in data.items()
+        if value is None and name in fields and not fields[name].is_required() and fields[name].default is not None
+    ]
+    return {k: v for k, v in data.items() if k not in nulls} if nulls else data
+
+
 def method_of(training_type: Optional[str], use_lora: Optional[bool]) -> Literal["lora", "full"]:
     """How a request trains the weights: "lora" (an adapter) or "full" (every weight).
     The one rule, for the training child and for the server's run summary."""
     return "full" if training_type == "Full Finetuning" or use_lora is False else "lora"
+
+
+# -- GRPO's built-in rewards (DESIGN.md section 10; computed by training/rewards.py) --------
+
+
+def _valid_regex(value: Optional[str], info: ValidationInfo) -> Optional[str]:
+    if value is None:
+        return value
+    try:
+        re.compile(value)
+    except re.error as exc:
+        raise PydanticCustomError(
+            "regex_invalid", "{field}: {value} is not a valid regular expression ({problem})",
+            {"field": info.field_name or "pattern", "value": repr(value[:80]), "problem": str(exc)},
+        ) from None
+    return value
+
+
+class _Reward(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    weight: float = Field(default=1.0, description="How much this reward counts in the sum of the rewards.")
+
+    @field_validator("weight")
+    @classmethod
+    def _finite_weight(cls, value: float) -> float:
+        if not math.isfinite(value):
+            raise ValueError("weight must be a finite number")
+        return value
+
+
+class ExactMatchReward(_Reward):
+    """1 when the completion (or what `extract` captures of it) equals the row's `column`, else 0."""
+
+    name: Literal["exact_match"]
+    column: str = Field(default="answer", min_length=1, description="The dataset column that holds the reference answer.")
+    extract: Optional[str] = Field(
+        default=None,
+        description="A regular expression; the completion's answer is its first match (group 1 if it has a group)."
+        " Unset: the whole completion.",
+    )
+    ignore_case: bool = Field(default=True, description="Compare without regard to case (spaces at the ends never count).")
+
+    _regex = field_validator("extract")(_valid_regex)
+
+
+class NumericMatchReward(_Reward):
+    """1 when the completion's number (the last one in it, or what `extract` captures) is within
+    `tolerance` of the row's `column`, else 0."""
+
+    name: Literal["numeric_match"]
+    column: str = Field(default="answer", min_length=1, description="The dataset column that holds the reference number.")
+    extract: Optional[str] = Field(
+        default=None, description="A regular expression whose first match (group 1 if any) is the number; unset: the last number."
+    )
+    tolerance: float = Field(default=1e-6, ge=0.0, description="The largest difference that still counts as equal.")
+
+    _regex = field_validator("extract")(_valid_regex)
+
+
+class RegexReward(_Reward):
+    """A format reward: `match_reward` when the completion matches `pattern`, else `miss_reward`."""
+
+    name: Literal["regex"]
+    pattern: str = Field(min_length=1, description="A Python regular expression.")
+    full_match: bool = Field(default=False, description="The whole completion must match (else: a match anywhere in it).")
+    match_reward: float = 1.0
+    miss_reward: float = 0.0
+
+    _regex = field_validator("pattern")(_valid_regex)
+
+
+class LengthReward(_Reward):
+    """1 at `target` length, falling smoothly with the distance: 1 / (1 + |length - target| / tolerance)."""
+
+    name: Literal["length"]
+    target: int = Field(ge=0, description="The wanted completion length, in `unit`s.")
+    unit: Literal["characters", "words", "tokens"] = "characters"
+    tolerance: float = Field(default=0.0, ge=0.0, description="The distance at which the reward is 0.5; 0 means max(target, 1) / 2.")
+
+
+RewardFunction = Annotated[
+    Union[ExactMatchReward, NumericMatchReward, RegexReward, LengthReward],
+    Field(discriminator="name"),
+]
+REWARD_NAMES = ("exact_match", "numeric_match", "regex", "length")
+# Fields that only a GRPO job reads.
+_GRPO_FIELDS = ("reward_functions", "num_generations", "max_completion_length")
+# The columns each method's rows have (training/datasets/methods.py reads them).
+_METHOD_COLUMNS = {
+    "dpo": "prompt, chosen, rejected",
+    "orpo": "prompt, chosen, rejected",
+    "kto": "prompt, completion, label",
+    "grpo": "prompt (and the columns its rewards read)",
+}
 
 
 class TrainingStartRequest(BaseModel):
@@ -127,6 +242,13 @@ class TrainingStartRequest(BaseModel):
         default=0.0,
         ge=0.0,
         description="Extension. With early_stopping_patience, how much the evaluation loss must fall to count as improved.",
+    )
+    eval_sample_count: int = Field(
+        default=2,
+        ge=0,
+        le=16,
+        description="Extension. At each evaluation, the model answers this many prompts of the evaluation data"
+        " (greedy, a few dozen tokens) and the progress event carries them as eval_samples (0: off).",
     )
     dataset_slice_start: Optional[int] = Field(default=None, ge=0)
     dataset_slice_end: Optional[int] = Field(default=None, ge=0)
@@ -183,6 +305,42 @@ class TrainingStartRequest(BaseModel):
     resume_from_checkpoint: Optional[PathText] = None
     gpu_ids: Optional[list[int]] = None
 
+    # training methods (DESIGN.md section 10)
+    training_method: TrainingMethod = Field(
+        default="sft",
+        description="Extension. sft (default) trains on the answers; dpo, orpo and kto on preferences"
+        " (prompt/chosen/rejected rows; kto: prompt/completion/label); grpo on rewards of its own completions.",
+    )
+    beta: Optional[float] = Field(
+        default=None,
+        ge=0.0,
+        description="Extension. dpo/kto: how far from the reference the model may move (default 0.1); orpo: the weight"
+        " of the odds-ratio term (default 0.1); grpo: the KL penalty (default 0: no reference model).",
+    )
+    reward_functions: list[RewardFunction] = Field(
+        default_factory=list,
+        description="Extension, grpo: built-in rewards, each {name, ...parameters}: exact_match, numeric_match, regex,"
+        " length. Their sum (times each weight) is the completion's reward.",
+    )
+    num_generations: Optional[int] = Field(
+        default=None, ge=2, le=256, description="Extension, grpo: completions sampled per prompt and compared (default 4)."
+    )
+    max_completion_length: Optional[int] = Field(
+        default=None, ge=1, le=65_536, description="Extension, grpo: the longest completion sampled, in tokens (default 256)."
+    )
+
+    # scale-out (DESIGN.md section 11): extensions, used when the server runs jobs on Ray
+    num_workers: int = Field(
+        default=1, ge=1, le=4096,
+        description="Extension. Data-parallel workers for the job (each trains on its share of every batch); above 1 needs"
+        " a server started with --ray-address.",
+    )
+    resources_per_worker: Optional[dict[str, Annotated[float, Field(ge=0, allow_inf_nan=False)]]] = Field(
+        default=None,
+        description='Extension. What each Ray worker asks the cluster for, e.g. {"CPU": 4, "GPU": 1}; default {"CPU": 1}.'
+        " A job waits in the cluster's queue until every worker's share is free.",
+    )
+
     @model_validator(mode="before")
     @classmethod
     def _text_is_unicode(cls, data: Any) -> Any:
@@ -196,14 +354,7 @@ class TrainingStartRequest(BaseModel):
         """The Studio's UI sends `null` for settings it leaves alone (`train_split`
         with local files, say): a null for a field that has a default and cannot be
         null means that default."""
-        if not isinstance(data, dict):
-            return data
-        nulls = [
-            name for name, value in data.items()
-            if value is None and name in cls.model_fields and not cls.model_fields[name].is_required()
-            and cls.model_fields[name].default is not None
-        ]
-        return {k: v for k, v in data.items() if k not in nulls} if nulls else data
+        return null_means_default(cls, data)
 
     @field_validator("learning_rate", mode="before")
     @classmethod
@@ -229,6 +380,45 @@ class TrainingStartRequest(BaseModel):
             raise ValueError("dataset_slice_end must be greater than dataset_slice_start")
         if not self.local_datasets and not self.hf_dataset:
             raise ValueError("no training data: set local_datasets (a list of files) or hf_dataset")
+        return self
+
+    @model_validator(mode="after")
+    def _check_method(self) -> TrainingStartRequest:
+        """The method's fields, and the other fields that must agree with it."""
+        method = self.training_method
+        if method != "grpo":
+            given = [name for name in _GRPO_FIELDS if getattr(self, name)]
+            if given:
+                raise ValueError(
+                    f"{', '.join(given)} appl{'ies' if len(given) == 1 else 'y'} to training_method grpo only;"
+                    f" remove {'it' if len(given) == 1 else 'them'}, or set training_method to grpo"
+                )
+        elif not self.reward_functions:
+            raise ValueError(
+                'training_method grpo needs reward_functions, e.g. [{"name": "exact_match", "column": "answer"}];'
+                f" the built-in rewards are {', '.join(REWARD_NAMES)}"
+            )
+        if method == "sft":
+            if self.beta is not None:
+                raise ValueError("beta applies to training_method dpo, orpo, kto and grpo; remove it for sft")
+            return self
+        if method != "grpo" and self.beta == 0:
+            raise ValueError(f"beta must be above 0 for {method} (at 0 the preference term no longer depends on the model); 0.1 is usual")
+        if self.training_type == "Continued Pretraining":
+            raise ValueError(
+                f"training_method {method} trains on prompts and answers; Continued Pretraining trains on raw text:"
+                ' set training_type to "LoRA/QLoRA" or "Full Finetuning", or training_method to sft'
+            )
+        if self.custom_format_mapping:
+            raise ValueError(
+                f"custom_format_mapping maps columns to chat roles for sft; training_method {method} reads the columns"
+                f" {_METHOD_COLUMNS[method]}: rename the dataset's columns, or leave custom_format_mapping out"
+            )
+        if method == "kto" and self.batch_size < 2:
+            raise ValueError(
+                "training_method kto needs batch_size 2 or more: its KL estimate pairs each prompt with another row's"
+                " completion in the same batch"
+            )
         return self
 
     def unknown_fields(self) -> list[str]:
@@ -272,6 +462,13 @@ class TrainingStatus(BaseModel):
     details: Optional[dict[str, Any]] = None
 
 
+class EvalSample(BaseModel):
+    """One evaluation prompt and what the model answered it at an evaluated step."""
+
+    prompt: str = Field(description="The prompt as the model saw it (rendered with its chat template), maybe shortened.")
+    completion: str = Field(description="The model's greedy continuation.")
+
+
 # Fields of TrainingProgress that a NaN cannot simply be dropped from (they stay invalid).
 _REQUIRED_METRICS = frozenset({"step", "total_steps", "learning_rate", "progress_percent"})
 
@@ -308,13 +505,28 @@ class TrainingProgress(BaseModel):
         default=None, description="GPU memory the training process holds (PyTorch's reserved bytes); absent without a GPU."
     )
     timestamp: Optional[float] = None  # Unix time when the step ended (for latency and time axes)
+    metrics: Optional[dict[str, float]] = Field(
+        default=None,
+        description="Extension (DESIGN.md section 10): what the training method logs beyond the loss, by TRL's names:"
+        " dpo rewards/chosen, rewards/rejected, rewards/margins, rewards/accuracies; grpo reward, reward_std,"
+        " rewards/<function>/mean, completions/mean_length; kto and orpo theirs. Finite values only.",
+    )
+    eval_samples: Optional[list[EvalSample]] = Field(
+        default=None,
+        description="On an evaluated step: the model's greedy answers to the first eval_sample_count prompts of the"
+        " evaluation data, as it stands at that step.",
+    )
 
     @model_validator(mode="before")
     @classmethod
     def _no_values_json_cannot_carry(cls, data: Any) -> Any:
         """A NaN or infinite loss becomes `loss: null, loss_finite: false`; any other
         optional metric that is not finite is left out (a child's message is parsed
-        by Python's JSON reader, which takes NaN)."""
+        by Python's JSON reader, which takes NaN), inside `metrics` too."""
+        if isinstance(data, dict) and isinstance(data.get("metrics"), dict):
+            kept = {k: v for k, v in data["metrics"].items() if not (isinstance(v, float) and not math.isfinite(v))}
+            if len(kept) != len(data["metrics"]):
+                data = {**data, "metrics": kept}
         if not isinstance(data, dict) or all(not isinstance(v, float) or math.isfinite(v) for v in data.values()):
             return data  # every event but a diverged one
         clean = dict(data)
@@ -427,6 +639,7 @@ class ExportJobResponse(BaseModel):
     status: Literal["queued", "error"]
     message: str
     error: Optional[str] = None
+    error_code: Optional[ErrorCode] = None  # a refusal's code (export_tools_missing, say), for a client to act on
 
 
 class ExportFile(BaseModel):
@@ -465,3 +678,151 @@ class ExportProgress(BaseModel):
 class ExportList(BaseModel):
     data: list[ExportStatus]
     count: int
+
+
+# -- dataset inspection (POST /datasets/inspect, `finetune-studio inspect`) ----
+
+# The fields a dataset inspection shares with TrainingStartRequest: the same types,
+# bounds, defaults and descriptions (taken from the request's own fields).
+INSPECT_SHARED_FIELDS = (
+    "hf_dataset", "local_datasets", "subset", "train_split", "dataset_slice_start", "dataset_slice_end",
+    "custom_format_mapping", "bad_rows", "max_bad_row_fraction", "hf_token", "trust_remote_code",
+    "max_seq_length", "train_on_completions",
+)
+# The model_name of the TrainingStartRequest an inspection without a model builds: a
+# hub id in form (never a path), which nothing reads.
+NO_MODEL = "inspection/no-model"
+MAX_PREVIEW_ROWS = 20
+
+
+def _as_in_request(name: str) -> Any:
+    """TrainingStartRequest's definition of a field, for a model that takes the same field."""
+    return copy.copy(TrainingStartRequest.model_fields[name])
+
+
+class DatasetInspectRequest(BaseModel):
+    """`POST /datasets/inspect`: the data fields of a training request, read and checked as a job would.
+
+    Every field means what it means in TrainingStartRequest. `model_name` is
+    optional: with it, the rows are rendered with that model's chat template and
+    measured in its tokens (its tokenizer is loaded, never its weights).
+    """
+
+    model_config = ConfigDict(extra="ignore", protected_namespaces=())
+
+    hf_dataset: Optional[PathText] = _as_in_request("hf_dataset")
+    local_datasets: list[PathText] = _as_in_request("local_datasets")
+    format_type: FormatType = Field(default="auto", description="Dataset shape: auto (detected), alpaca, chatml, sharegpt or raw.")
+    subset: Optional[str] = _as_in_request("subset")
+    train_split: str = _as_in_request("train_split")
+    dataset_slice_start: Optional[int] = _as_in_request("dataset_slice_start")
+    dataset_slice_end: Optional[int] = _as_in_request("dataset_slice_end")
+    custom_format_mapping: Optional[dict[str, str]] = _as_in_request("custom_format_mapping")
+    bad_rows: Literal["error", "skip"] = _as_in_request("bad_rows")
+    max_bad_row_fraction: float = _as_in_request("max_bad_row_fraction")
+    model_name: Optional[PathText] = Field(
+        default=None,
+        description="A local model folder, a .gguf file or a hub id whose tokenizer and chat template shape the"
+        " preview and count the tokens (no weights are loaded). Without it: no token statistics.",
+    )
+    hf_token: Optional[str] = _as_in_request("hf_token")
+    trust_remote_code: bool = _as_in_request("trust_remote_code")
+    max_seq_length: int = _as_in_request("max_seq_length")
+    train_on_completions: bool = _as_in_request("train_on_completions")
+    preview_rows: int = Field(default=3, ge=0, le=MAX_PREVIEW_ROWS, description="How many of the first rows to show.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _as_the_request_reads_it(cls, data: Any) -> Any:
+        return null_means_default(cls, refuse_invalid_text(cls.__name__, data))
+
+    @model_validator(mode="after")
+    def _a_job_would_take_it(self) -> DatasetInspectRequest:
+        # TrainingStartRequest's own checks (slices, some data named), word for word.
+        from pydantic import ValidationError
+
+        try:
+            self.training_request()
+        except ValidationError as exc:
+            raise ValueError("; ".join(str(error["msg"]).removeprefix("Value error, ") for error in exc.errors())) from None
+        return self
+
+    def training_request(self) -> TrainingStartRequest:
+        """The training request that reads this data: what the dataset layer and admission take."""
+        fields = {name: getattr(self, name) for name in INSPECT_SHARED_FIELDS}
+        return TrainingStartRequest(
+            model_name=self.model_name or NO_MODEL,
+            training_type="LoRA/QLoRA",
+            format_type=self.format_type,
+            **fields,
+        )
+
+
+class PreviewSegment(BaseModel):
+    """A stretch of a row's text as the model sees it, and whether the loss covers it."""
+
+    text: str
+    trains: bool = Field(description="The loss is computed on these tokens (train_on_completions: the answers only).")
+    role: Optional[str] = Field(default=None, description="The turn it belongs to (system, user, assistant, tool); null for raw text.")
+    truncated: bool = Field(default=False, description="Past max_seq_length: the trainer cuts it off.")
+
+
+class PreviewRow(BaseModel):
+    index: int = Field(description="The row's index among the rows a job trains on (after slicing).")
+    segments: list[PreviewSegment]
+    tokens: Optional[int] = Field(default=None, description="Its length in tokens (with model_name).")
+    clipped: bool = Field(default=False, description="The row is longer than the preview shows; the rest is left out here.")
+
+
+class TokenStatistics(BaseModel):
+    """Tokens per row, as the trainer sees each row before truncation."""
+
+    min: int
+    mean: float
+    p50: float
+    p90: float
+    p95: float
+    p99: float
+    max: int
+    total: int
+
+
+class DatasetProblem(BaseModel):
+    """One problem, located as a job's error locates it."""
+
+    kind: str = Field(description="missing_field, bad_json, unknown_role... (per bad row); source for a whole source.")
+    file: str = Field(description="The file (or dataset split) it is in; empty when it is not in one.")
+    where: str = Field(description='"line N", "row N", "line N (row M)", or empty for the whole file.')
+    problem: str
+
+
+class DatasetInspection(BaseModel):
+    """What a job would make of the data: shape, rows, a preview, token statistics, and every problem."""
+
+    ok: bool = Field(description="A job would read this data and start training (no error).")
+    error: Optional[str] = Field(default=None, description="The error a job would end with, word for word.")
+    error_code: Optional[ErrorCode] = None
+    problems: list[DatasetProblem] = Field(default_factory=list, description="Each kind of bad row's first examples, or the one problem.")
+    problem_counts: dict[str, int] = Field(default_factory=dict, description="Bad rows by kind.")
+    shape: Optional[str] = Field(default=None, description="alpaca, chatml, sharegpt, raw or custom (a+b when sources differ).")
+    detected: bool = Field(default=False, description="format_type was auto: the shape is what was detected.")
+    shapes: dict[str, str] = Field(default_factory=dict, description="Each source and the shape it was read as.")
+    columns: list[str] = Field(default_factory=list, description="The columns of the first source's first record.")
+    suggested_mapping: Optional[dict[str, str]] = Field(
+        default=None, description="A custom_format_mapping that reads these columns, when they are not a known shape."
+    )
+    rows: int = Field(default=0, description="The rows a job would train on.")
+    read: int = Field(default=0, description="Records read, before bad rows and empty conversations were left out.")
+    per_file: dict[str, int] = Field(default_factory=dict)
+    skipped_rows: int = 0
+    dropped_rows: int = 0
+    warnings: list[str] = Field(default_factory=list)
+    model_name: Optional[str] = None
+    rendered_with: Literal["chat_template", "messages", "text"] = Field(
+        default="messages",
+        description="chat_template: as the model sees it; messages: each turn's text (no model_name); text: raw text.",
+    )
+    preview: list[PreviewRow] = Field(default_factory=list)
+    tokens: Optional[TokenStatistics] = Field(default=None, description="With model_name.")
+    max_seq_length: int
+    truncated_rows: Optional[int] = Field(default=None, description="Rows longer than max_seq_length (with model_name).")

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Optional, TypedDict, Union
 
-from finetune_studio.schemas import ErrorCode, Phase
+from finetune_studio.schemas import ErrorCode, ExportPhase, Phase
 
 STOP_COMMAND = "stop"
 # The longest message line the server reads from a child; a child keeps its
@@ -47,7 +47,7 @@ OUT_OF_MEMORY_ADVICE = (
 
 class StatusMessage(TypedDict):
     type: Literal["status"]
-    phase: Phase
+    phase: Union[Phase, ExportPhase]  # a training child's, or the export child's
     message: str
     error: Optional[str]
     details: dict[str, Any]
@@ -62,7 +62,7 @@ Message = Union[StatusMessage, ProgressMessage]
 
 
 def status_message(
-    phase: Phase, message: str, *, error: Optional[str] = None, details: Optional[dict[str, Any]] = None
+    phase: Union[Phase, ExportPhase], message: str, *, error: Optional[str] = None, details: Optional[dict[str, Any]] = None
 ) -> StatusMessage:
     return {"type": "status", "phase": phase, "message": message, "error": error, "details": dict(details or {})}
 
@@ -190,13 +190,28 @@ def save_atomically(final: Path) -> Iterator[Path]:
 # EOF on stdin: the server is gone; the child exits.
 
 
-class ModelRef(TypedDict):
-    """What to load: a base model, and the LoRA adapter to apply (None: the base alone).
-    A full fine-tuning result is a base of its own (`{"kind": "folder", ...}`)."""
+# Who runs a model in the chat child: transformers (a folder, a hub id, or a `.gguf`
+# file dequantized by transformers, as training loads it), or llama.cpp (a `.gguf`
+# file as it is: an export, run as llama.cpp users will run it).
+InferenceBackend = Literal["transformers", "llama_cpp"]
+INFERENCE_BACKENDS: tuple[InferenceBackend, ...] = ("transformers", "llama_cpp")
 
+
+class _ModelRefFields(TypedDict):
     base: dict[str, str]  # training.models.ModelSource.to_json(): {"kind", "location"}
     adapter: Optional[str]
     trust_remote_code: bool
+
+
+class ModelRef(_ModelRefFields, total=False):
+    """What to load: a base model, and the LoRA adapter to apply (None: the base alone).
+    A full fine-tuning result is a base of its own (`{"kind": "folder", ...}`).
+
+    `backend` (absent: "transformers") says who runs it. With "llama_cpp" the base is
+    `{"kind": "gguf", "location": a .gguf file}` and `adapter`, when set, a LoRA GGUF
+    file for that base (llama.cpp's `--lora`)."""
+
+    backend: InferenceBackend
 
 
 class SamplingParams(TypedDict):

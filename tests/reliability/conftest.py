@@ -21,14 +21,17 @@ from finetune_studio.wire import WorkerSpec
 from tests.conftest import REPO, wait_for
 
 FAKE_WORKER = "tests.reliability.fake_worker"
+FAKE_EXPORT_WORKER = "tests.reliability.fake_export_worker"
 
 
 class LiveServer:
     """create_app(settings, launcher) served by uvicorn on 127.0.0.1, in a thread of the test process."""
 
-    def __init__(self, settings: Settings, launcher: Optional[WorkerLauncher] = None) -> None:
+    def __init__(
+        self, settings: Settings, launcher: Optional[WorkerLauncher] = None, export_launcher: Optional[WorkerLauncher] = None
+    ) -> None:
         self.settings = settings
-        self.app = create_app(settings, launcher)
+        self.app = create_app(settings, launcher, export_launcher=export_launcher)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         config = uvicorn.Config(
@@ -66,14 +69,18 @@ class LiveServer:
 def live_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     """live_server(launcher=None, **settings) -> a started LiveServer whose jobs run
     tests/reliability/fake_worker.py, or what `launcher` starts (hooked_child.HookedLauncher:
-    real children with test hooks)."""
+    real children with test hooks); its exports run tests/reliability/fake_export_worker.py."""
     monkeypatch.chdir(REPO)  # the fake worker is imported from the repository
     servers: list[LiveServer] = []
 
     def start(launcher: Optional[WorkerLauncher] = None, **overrides: Any) -> LiveServer:
         values: dict[str, Any] = {"data_dir": tmp_path / "data", "stop_grace_seconds": 5, "kill_grace_seconds": 1}
         values.update(overrides)
-        server = LiveServer(Settings(**values), launcher or LocalProcessLauncher(module=FAKE_WORKER))
+        server = LiveServer(
+            Settings(**values),
+            launcher or LocalProcessLauncher(module=FAKE_WORKER),
+            export_launcher=LocalProcessLauncher(module=FAKE_EXPORT_WORKER),
+        )
         servers.append(server)
         return server.__enter__()
 

@@ -10,7 +10,7 @@ import pytest
 from finetune_studio.errors import InvalidTransition, JobNotFound
 from finetune_studio.jobs.phases import ALLOWED_FROM, PHASES, TERMINAL, can_enter
 from finetune_studio.jobs.service import make_status
-from finetune_studio.jobs.store import JobStore
+from finetune_studio.jobs.store import MIGRATIONS, JobStore
 
 
 @pytest.fixture
@@ -25,7 +25,7 @@ def new_job(store: JobStore, job_id: str = "j1") -> None:
 def test_the_database_is_wal_and_migrated(store: JobStore, tmp_path: Path) -> None:
     db = sqlite3.connect(tmp_path / "studio.db")
     assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-    assert db.execute("PRAGMA user_version").fetchone()[0] == 1
+    assert db.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS)
 
 
 def test_a_job_walks_the_seed_order_and_every_change_is_an_event(store: JobStore) -> None:

@@ -1,7 +1,10 @@
 """What a start request must pass before it is queued: queue room, finite numbers,
-paths inside the allowed folders, dataset files that exist and are not too large
-(however they are named: `local_datasets`, `local_eval_datasets`, or a local file
-or folder in `hf_dataset`).
+paths inside the allowed folders, a local model that exists, dataset files that
+exist and are not too large (however they are named: `local_datasets`,
+`local_eval_datasets`, or a local file or folder in `hf_dataset`).
+
+Each refusal names the request field at fault (`StartRefused.field`), so the page
+shows it beside that field before anything is queued.
 
 Paths: on loopback any path the user can read may be named. When the server is
 exposed (or `allowed_roots` is set), every path in the request is resolved (`~`,
@@ -43,6 +46,7 @@ def check_start(request: TrainingStartRequest, settings: Settings, queued: int) 
     check_finite(request)
     roots = settings.path_roots()
     check_paths(request, roots)
+    check_model(request)
     check_datasets(request, settings.max_dataset_bytes, roots)
 
 
@@ -86,11 +90,11 @@ def named_paths(request: TrainingStartRequest) -> Iterator[tuple[str, str]]:
 def resolve(field: str, name: str) -> Path:
     """The real path `name` points at: `~` expanded, relative to this process, `..` and symlinks resolved."""
     if not name.strip() or "\x00" in name:
-        raise StartRefused(f"{field}: {name!r} is not a valid path")
+        raise StartRefused(f"{field}: {name!r} is not a valid path", field=field)
     try:
         return Path(os.path.expanduser(name)).resolve()
     except (OSError, RuntimeError, ValueError) as exc:
-        raise StartRefused(f"{field}: {name!r} is not a valid path ({exc})") from None
+        raise StartRefused(f"{field}: {name!r} is not a valid path ({exc})", field=field) from None
 
 
 def check_paths(request: TrainingStartRequest, roots: Optional[list[Path]]) -> None:
@@ -101,8 +105,29 @@ def check_paths(request: TrainingStartRequest, roots: Optional[list[Path]]) -> N
             raise PathNotAllowed(
                 f"{field}: {name!r} is outside the folders this server accepts paths from{where}. The server is"
                 f" reachable from the network, so paths must lie under {', '.join(str(r) for r in roots)};"
-                " the operator sets them with FINETUNE_STUDIO_ALLOWED_ROOTS"
+                " the operator sets them with FINETUNE_STUDIO_ALLOWED_ROOTS",
+                field=field,
             )
+
+
+def check_model(request: TrainingStartRequest) -> None:
+    """A local model (a folder or a .gguf file) must exist now, not hours later when
+    the job leaves the queue. The child loads `model_local_path` when it is set, else
+    `model_name`; a hub id is left to the child (it fails fast when offline)."""
+    field, name = ("model_local_path", request.model_local_path) if request.model_local_path else (
+        "model_name", request.model_name)
+    if not is_local(name):
+        return
+    path = resolve(field, name)
+    try:
+        path.stat()
+    except FileNotFoundError:
+        raise StartRefused(
+            f"{field}: the model path {name} does not exist; name a local model folder or .gguf file, or a hub id",
+            field=field,
+        ) from None
+    except OSError as exc:
+        raise StartRefused(f"{field}: the model path {name} cannot be read ({exc.strerror})", field=field) from None
 
 
 def dataset_sources(request: TrainingStartRequest) -> Iterator[tuple[str, str]]:
@@ -130,22 +155,26 @@ def check_datasets(request: TrainingStartRequest, max_bytes: int, roots: Optiona
             missing.append((field, name))
             continue
         except OSError as exc:
-            raise StartRefused(f"dataset file {name} cannot be read ({exc.strerror})") from None
+            raise StartRefused(f"dataset file {name} cannot be read ({exc.strerror})", field=field) from None
         if field == "hf_dataset" and stat.S_ISDIR(info.st_mode):
             for file, size in _folder_files(name, path, roots):
-                _check_size(f"{file} (in hf_dataset {name})", size, max_bytes)
+                _check_size(f"{file} (in hf_dataset {name})", size, max_bytes, field)
         else:
-            _check_size(name, info.st_size, max_bytes)
+            _check_size(name, info.st_size, max_bytes, field)
     if missing:
         fields = " and ".join(dict.fromkeys(field for field, _ in missing))
-        raise StartRefused(f"dataset file not found: {', '.join(name for _, name in missing)}; check the paths in {fields}")
+        raise StartRefused(
+            f"dataset file not found: {', '.join(name for _, name in missing)}; check the paths in {fields}",
+            field=missing[0][0],
+        )
 
 
-def _check_size(what: str, size: int, max_bytes: int) -> None:
+def _check_size(what: str, size: int, max_bytes: int, field: str) -> None:
     if size > max_bytes:
         raise StartRefused(
             f"dataset file {what} is {_size(size)}, over this server's limit of {_size(max_bytes)} per file"
-            " (the operator sets it with FINETUNE_STUDIO_MAX_DATASET_BYTES); split the file or raise the limit"
+            " (the operator sets it with FINETUNE_STUDIO_MAX_DATASET_BYTES); split the file or raise the limit",
+            field=field,
         )
 
 
@@ -172,13 +201,16 @@ def _folder_files(name: str, folder: Path, roots: Optional[list[Path]]) -> Itera
             if entries > MAX_FOLDER_FILES:
                 raise StartRefused(
                     f"hf_dataset {name} holds more than {MAX_FOLDER_FILES} files, more than a dataset folder would:"
-                    " name the folder that holds just the dataset"
+                    " name the folder that holds just the dataset",
+                    field="hf_dataset",
                 )
             real = _inside(name, here / entry, roots)
             try:
                 size = real.stat().st_size
             except OSError as exc:
-                raise StartRefused(f"dataset file {here / entry} (in hf_dataset {name}) cannot be read ({exc.strerror})") from None
+                raise StartRefused(
+                    f"dataset file {here / entry} (in hf_dataset {name}) cannot be read ({exc.strerror})", field="hf_dataset"
+                ) from None
             yield here / entry, size
 
 
@@ -189,7 +221,8 @@ def _inside(name: str, path: Path, roots: Optional[list[Path]]) -> Path:
         raise PathNotAllowed(
             f"hf_dataset: {path} in {name!r} leads outside the folders this server accepts paths from (it resolves"
             f" to {real}). The server is reachable from the network, so paths must lie under"
-            f" {', '.join(str(r) for r in roots)}; the operator sets them with FINETUNE_STUDIO_ALLOWED_ROOTS"
+            f" {', '.join(str(r) for r in roots)}; the operator sets them with FINETUNE_STUDIO_ALLOWED_ROOTS",
+            field="hf_dataset",
         )
     return real
 

@@ -24,18 +24,20 @@ from starlette.types import Scope
 from finetune_studio import __version__
 from finetune_studio.api import openai_errors
 from finetune_studio.api.auth import TokenGuard, under_prefixes
-from finetune_studio.api.body_limit import DeclaredBodyLimit, too_large_body
+from finetune_studio.api.body_limit import DeclaredBodyLimit, too_large_body, too_large_upload
 from finetune_studio.api.deps import Studio
-from finetune_studio.api.routes import chat, health, train
+from finetune_studio.api.routes import chat, datasets, export, files, fine_tuning, health, system, train
 from finetune_studio.api.streaming import StudioApp
 from finetune_studio.config import Settings, token_problem
 from finetune_studio.errors import StartRefused, StudioError, UnsafeSettings
+from finetune_studio.files.store import FileStore
 from finetune_studio.jobs.lock import DataDirLock
 from finetune_studio.jobs.service import JobService
 from finetune_studio.jobs.store import JobStore
 from finetune_studio.schemas import SECRET_FIELDS
 from finetune_studio.supervisor.inference import INFERENCE_MODULE, InferenceManager, UnloadingLauncher
-from finetune_studio.supervisor.launcher import LocalProcessLauncher, WorkerLauncher
+from finetune_studio.supervisor.inspector import Inspector
+from finetune_studio.supervisor.launcher import EXPORT_MODULE, LocalProcessLauncher, WorkerLauncher
 from finetune_studio.supervisor.supervisor import Supervisor
 from finetune_studio.text import clean_text
 
@@ -43,23 +45,30 @@ WEB_DIR = Path(__file__).resolve().parent.parent / "web"
 # Every API router, each under a prefix of its own: every path under these wants the
 # token when one is set, and the web UI's mount leaves them to the API. A new router
 # goes here (and nowhere else), so it cannot be left unguarded.
-API_ROUTERS = (train.router, chat.router)
+API_ROUTERS = (
+    train.router, chat.router, system.router, export.router, datasets.router, files.router, fine_tuning.router
+)
 API_PREFIXES = tuple(router.prefix + "/" for router in API_ROUTERS)
 OPENAI_PREFIX = chat.router.prefix + "/"  # its errors come in OpenAI's shape
 log = logging.getLogger("finetune_studio")
+# What a multipart upload's body may hold beyond its file: the boundaries, the part
+# headers and the `purpose` field.
+UPLOAD_FORM_BYTES = 64 * 1024
 
 
 def create_app(
     settings: Settings,
     launcher: Optional[WorkerLauncher] = None,
     *,
+    export_launcher: Optional[WorkerLauncher] = None,
     data_dir_lock: Optional[DataDirLock] = None,
     inference_module: str = INFERENCE_MODULE,
 ) -> FastAPI:
     """The app. It takes its data dir's lock when it starts (DataDirInUse if another
     server has it), unless the caller already holds it and passes it as `data_dir_lock`
     (the CLI does, to refuse before anything else starts); the caller then keeps it.
-    Chat runs in `python -m <inference_module>` (tests name a stand-in)."""
+    Chat runs in `python -m <inference_module>` (tests name a stand-in); exports in
+    what `export_launcher` starts (default: `python -m finetune_studio.export.child`)."""
     if not settings.is_loopback() and settings.token is None:
         # The CLI says this first; this guard holds for any other way of serving the app.
         raise UnsafeSettings(
@@ -78,13 +87,19 @@ def create_app(
         try:
             settings.jobs_dir.mkdir(parents=True, exist_ok=True)
             store = JobStore(settings.db_path)
-            service = JobService(store, settings.jobs_dir)
+            file_store = FileStore(settings.db_path, settings.files_dir)  # after JobStore: its migration 3
+            service = JobService(store, settings.jobs_dir, exports_dir=settings.exports_dir)
             inference = InferenceManager(settings, inference_module)
             training: WorkerLauncher = launcher or LocalProcessLauncher(settings.worker_python)
             if settings.unload_chat_for_training:
                 training = UnloadingLauncher(training, inference)
-            supervisor = Supervisor(service, training, settings)
-            app.state.studio = Studio(settings, service, supervisor, inference)
+            # An export loads the whole model too: the same rule frees the chat's memory first.
+            exporting: WorkerLauncher = export_launcher or LocalProcessLauncher(settings.worker_python, module=EXPORT_MODULE)
+            if settings.unload_chat_for_training:
+                exporting = UnloadingLauncher(exporting, inference)
+            supervisor = Supervisor(service, training, settings, export_launcher=exporting)
+            app.state.studio = Studio(settings, service, supervisor, inference, file_store)
+            app.state.inspector = Inspector(settings)  # dataset inspections: children of their own
             await supervisor.start()
             keepalive = asyncio.create_task(service.keep_streams_alive(), name="stream keep-alive")
             try:
@@ -93,6 +108,7 @@ def create_app(
                 keepalive.cancel()
                 await inference.shutdown()
                 await supervisor.shutdown()
+                file_store.close()
                 store.close()
         finally:
             if owned is None:
@@ -109,10 +125,17 @@ def create_app(
             TokenGuard, token=settings.token.get_secret_value(), prefixes=API_PREFIXES, openai_prefixes=(OPENAI_PREFIX,)
         )
     # Added last, so it runs first: an over-long declared body is refused unread.
-    app.add_middleware(DeclaredBodyLimit, max_bytes=settings.max_request_bytes, openai_prefixes=(OPENAI_PREFIX,))
+    # An upload's body is a file (and its form): it has a limit of its own.
+    upload_limit = settings.max_file_bytes + UPLOAD_FORM_BYTES
+    app.add_middleware(
+        DeclaredBodyLimit,
+        max_bytes=settings.max_request_bytes,
+        openai_prefixes=(OPENAI_PREFIX,),
+        uploads=(files.router.prefix, upload_limit, settings.max_file_bytes),
+    )
     app.include_router(health.router)
     for router in API_ROUTERS:
-        app.include_router(router, max_body_size=settings.max_request_bytes)
+        app.include_router(router, max_body_size=upload_limit if router is files.router else settings.max_request_bytes)
 
     @app.exception_handler(StudioError)
     async def studio_error(request: Request, exc: StudioError) -> JSONResponse:
@@ -122,11 +145,15 @@ def create_app(
         text = clean_text(str(exc))
         if isinstance(exc, StartRefused):
             body = {"job_id": "", "status": "error", "message": "The job was not started", "error": text}
+            if exc.field:  # the request field at fault, for a form to mark
+                body["field"] = exc.field
             return JSONResponse(body, status_code=exc.status_code)
         return JSONResponse({"detail": text}, status_code=exc.status_code)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        if exc.status_code == 413 and request.url.path.startswith(files.router.prefix):
+            return JSONResponse(too_large_upload(settings.max_file_bytes), status_code=413)
         if exc.status_code == 413:  # a body without Content-Length that grew past the limit
             body = too_large_body(settings.max_request_bytes, openai=request.url.path.startswith(OPENAI_PREFIX))
             return JSONResponse(body, status_code=413)

@@ -13,7 +13,7 @@ clients read), and says what a chat request must fit; elsewhere it is FastAPI's
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -33,6 +33,17 @@ def too_large_message(limit: int, chat: bool = False) -> str:
     )
 
 
+def too_large_upload(limit: int) -> dict[str, Any]:
+    """The 413 of an upload (POST /v1/files) over `max_file_bytes`, in OpenAI's shape."""
+    return error_body(
+        f"the file is over this server's limit of {limit} bytes per file (the operator sets it with"
+        " FINETUNE_STUDIO_MAX_FILE_BYTES); split the file",
+        "invalid_request_error",
+        "file",
+        "file_too_large",
+    )
+
+
 def too_large_body(limit: int, openai: bool) -> dict[str, Any]:
     """The 413's body: OpenAI's error shape under its paths, FastAPI's elsewhere."""
     if openai:
@@ -41,16 +52,30 @@ def too_large_body(limit: int, openai: bool) -> dict[str, Any]:
 
 
 class DeclaredBodyLimit:
-    def __init__(self, app: ASGIApp, max_bytes: int, openai_prefixes: tuple[str, ...] = ()) -> None:
+    """`uploads`: a path prefix whose bodies are files, and their own limit (the file's, with room for the form)."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        max_bytes: int,
+        openai_prefixes: tuple[str, ...] = (),
+        uploads: Optional[tuple[str, int, int]] = None,
+    ) -> None:
         self.app = app
         self.max_bytes = max_bytes
         self.openai_prefixes = openai_prefixes
+        self.uploads = uploads  # (prefix, body limit, file limit)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             declared = dict(scope["headers"]).get(b"content-length", b"")
-            if declared.isdigit() and int(declared) > self.max_bytes:
-                body = too_large_body(self.max_bytes, openai=scope["path"].startswith(self.openai_prefixes))
+            upload = self.uploads is not None and scope["path"].startswith(self.uploads[0])
+            limit = self.uploads[1] if self.uploads is not None and upload else self.max_bytes
+            if declared.isdigit() and int(declared) > limit:
+                if self.uploads is not None and upload:
+                    body = too_large_upload(self.uploads[2])
+                else:
+                    body = too_large_body(self.max_bytes, openai=scope["path"].startswith(self.openai_prefixes))
                 response = JSONResponse(body, status_code=413, headers={"Connection": "close"})
                 await response(scope, receive, send)
                 return

@@ -1,4 +1,4 @@
-"""The routes' dependencies: the studio (settings, job service, supervisor, inference) and the job.
+"""The routes' dependencies: the studio (settings, job service, supervisor, inference, files) and the job.
 
 Both are `async def`, so they run on the event loop like the routes: the SQLite
 store is used from that one thread only (a plain `def` would run in a thread pool,
@@ -16,6 +16,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from finetune_studio.config import Settings
+from finetune_studio.files.store import FileStore
 from finetune_studio.jobs.service import JobService
 from finetune_studio.jobs.store import JobRecord
 from finetune_studio.supervisor.inference import InferenceManager
@@ -30,6 +31,7 @@ class Studio:
     service: JobService
     supervisor: Supervisor
     inference: InferenceManager
+    files: FileStore  # the one file store: /v1/files and the page's uploads
 
 
 def studio_of(request: Request) -> Studio:
@@ -44,7 +46,14 @@ StudioDep = Annotated[Studio, Depends(_studio)]
 
 
 async def _job(job_id: str, studio: StudioDep) -> JobRecord:
-    return studio.service.store.get_job(job_id)  # JobNotFound -> 404
+    return studio.service.store.get_job(job_id, kind="train")  # JobNotFound -> 404 (an export's id too)
 
 
 JobDep = Annotated[JobRecord, Depends(_job)]
+
+
+async def _export(export_id: str, studio: StudioDep) -> JobRecord:
+    return studio.service.store.get_job(export_id, kind="export")  # a training job's id is no export: 404
+
+
+ExportDep = Annotated[JobRecord, Depends(_export)]

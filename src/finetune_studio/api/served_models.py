@@ -10,6 +10,13 @@ Two kinds of model id:
 - a base model: the `model_name` of a job that got as far as loading it (it has a
   `job.json`), served with no adapter.
 
+- a fine-tuning job's OpenAI names (api/openai_jobs.py): its `fine_tuned_model`
+  (`ft:<base>:<suffix>:<job id>`, the job id's twin), and each checkpoint's
+  (`...:ckpt-step-<N>`: the base model plus that checkpoint's adapter).
+
+- an export's GGUF file, `<export id>/<file name>` (api/served_exports.py): run by
+  llama.cpp, as people will run the exported file.
+
 Anything else, and a job with nothing to serve (queued, running, failed, stopped
 before saving), is a `ModelNotFound` that says which and what to do.
 """
@@ -20,6 +27,14 @@ import json
 from pathlib import Path
 from typing import Any, Optional
 
+from finetune_studio.api.openai_jobs import (
+    ModelName,
+    checkpoint_folder,
+    checkpoint_model_name,
+    fine_tuned_model_name,
+    parse_model_name,
+)
+from finetune_studio.api.served_exports import export_models, resolve_export
 from finetune_studio.errors import JobNotFound, ModelNotFound
 from finetune_studio.jobs.store import JobRecord, JobStore
 from finetune_studio.openai_wire import Model
@@ -29,20 +44,28 @@ _MODELS_HINT = "GET /v1/models lists what this server serves"
 
 
 def served_models(store: JobStore) -> list[Model]:
-    """Every servable job (newest first), then every base model a job loaded."""
+    """Every servable job (newest first), every export's GGUF file, then every base model a job loaded."""
     jobs: list[Model] = []
     bases: dict[str, int] = {}
     for job in store.list_jobs():
         if _output(job) is not None:
             jobs.append(Model(id=job.id, created=int(job.created_at)))
+            if job.phase == "completed":
+                jobs.append(Model(id=fine_tuned_model_name(job), created=int(job.created_at)))
         name = job.request.get("model_name")
         if isinstance(name, str) and JobFolder(Path(job.output_dir)).job_file.is_file():
             bases[name] = min(bases.get(name, int(job.created_at)), int(job.created_at))
-    return jobs + [Model(id=name, created=created) for name, created in bases.items()]
+    return jobs + export_models(store) + [Model(id=name, created=created) for name, created in bases.items()]
 
 
 def resolve_model(store: JobStore, model_id: str) -> ModelRef:
     """What the inference child loads for `model_id`, or ModelNotFound saying why not."""
+    named = parse_model_name(model_id)
+    if named is not None:
+        return _fine_tuned(store, model_id, named)
+    exported = resolve_export(store, model_id)
+    if exported is not None:
+        return exported
     try:
         job = store.get_job(model_id)
     except JobNotFound:
@@ -54,6 +77,30 @@ def resolve_model(store: JobStore, model_id: str) -> ModelRef:
     record = _job_file(job)
     trust = bool(record.get("trust_remote_code", False))
     if kind == "model_dir":  # full fine-tuning: the saved model is a base of its own
+        return {"base": {"kind": "folder", "location": str(folder)}, "adapter": None, "trust_remote_code": trust}
+    return {"base": _base_of(job, record), "adapter": str(folder), "trust_remote_code": trust}
+
+
+def _fine_tuned(store: JobStore, model_id: str, named: ModelName) -> ModelRef:
+    """A fine-tuning job's model or one of its checkpoints, by its OpenAI name."""
+    try:
+        job = store.get_job(named.job_id)
+    except JobNotFound:
+        raise ModelNotFound(f"the model {model_id!r} names job {named.job_id!r}, which does not exist; {_MODELS_HINT}") from None
+    own = fine_tuned_model_name(job)
+    expected = own if named.step is None else checkpoint_model_name(job, named.step)
+    if model_id != expected:
+        raise ModelNotFound(f"the model {model_id!r} is not a name of job {job.id} (its model is {own}); {_MODELS_HINT}")
+    if named.step is None:
+        return resolve_model(store, job.id)
+    folder = checkpoint_folder(job, named.step)
+    if folder is None:
+        raise ModelNotFound(
+            f"job {job.id} has no checkpoint at step {named.step} (GET /v1/fine_tuning/jobs/{job.id}/checkpoints lists them)"
+        )
+    record = _job_file(job)
+    trust = bool(record.get("trust_remote_code", False))
+    if not (folder / "adapter_config.json").is_file():  # full fine-tuning: the checkpoint is a model of its own
         return {"base": {"kind": "folder", "location": str(folder)}, "adapter": None, "trust_remote_code": trust}
     return {"base": _base_of(job, record), "adapter": str(folder), "trust_remote_code": trust}
 

@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Optional
+from urllib.parse import quote
 
 import httpx
 
@@ -144,15 +146,18 @@ class StudioClient:
     def jobs(self) -> list[dict[str, Any]]:
         return self._request("GET", "/train/jobs")["data"]  # type: ignore[no-any-return]
 
-    def stream(self, job_id: str, last_event_id: int = 0, retries: int = 30) -> Iterator[StreamEvent]:
-        """Every event after last_event_id, reconnecting after a dropped connection."""
+    def stream(
+        self, job_id: str, last_event_id: int = 0, retries: int = 30, prefix: str = "/train"
+    ) -> Iterator[StreamEvent]:
+        """Every event after last_event_id, reconnecting after a dropped connection
+        (an export's with prefix "/export")."""
         cursor = last_event_id
         failures = 0
         while True:
             try:
                 headers = {"Last-Event-ID": str(cursor)} if cursor else {}
                 timeout = httpx.Timeout(30.0, read=None)
-                with self.http.stream("GET", f"/train/stream/{job_id}", headers=headers, timeout=timeout) as response:
+                with self.http.stream("GET", f"{prefix}/stream/{job_id}", headers=headers, timeout=timeout) as response:
                     if response.status_code >= 400:
                         response.read()
                         self._json(response)
@@ -170,3 +175,48 @@ class StudioClient:
             if failures > retries:
                 raise StudioError(f"lost the stream of job {job_id} and could not reconnect")
             time.sleep(min(0.2 * failures, 2.0))
+
+    # -- exports (DESIGN.md section 8) ----------------------------------------
+
+    def start_export(self, request: dict[str, Any]) -> str:
+        return str(self._request("POST", "/export/start", json=request)["export_id"])
+
+    def export_status(self, export_id: str) -> dict[str, Any]:
+        return self._request("GET", f"/export/status/{export_id}")  # type: ignore[no-any-return]
+
+    def stop_export(self, export_id: str) -> dict[str, Any]:
+        return self._request("POST", f"/export/stop/{export_id}")  # type: ignore[no-any-return]
+
+    def exports(self, job_id: Optional[str] = None) -> list[dict[str, Any]]:
+        params = {"job_id": job_id} if job_id else {}
+        return self._request("GET", "/export/jobs", params=params)["data"]  # type: ignore[no-any-return]
+
+    def download(self, export_id: str, name: str, target: Path, on_bytes: Optional[Callable[[int], None]] = None) -> Path:
+        """Fetch one file of a completed export into `target`, by way of `target.partial`:
+        a partial file left by an earlier try is resumed (HTTP Range), not fetched again."""
+        partial = target.with_name(target.name + ".partial")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        have = partial.stat().st_size if partial.exists() else 0
+        headers = {"Range": f"bytes={have}-"} if have else {}
+        url = f"/export/download/{export_id}/{quote(name)}"
+        try:
+            with self.http.stream("GET", url, headers=headers, timeout=httpx.Timeout(30.0, read=300.0)) as response:
+                if response.status_code == 416:
+                    if response.headers.get("content-range") == f"bytes */{have}":  # it was whole already
+                        partial.replace(target)
+                        return target
+                    partial.unlink()  # longer than the file: not a start of it; fetch it whole
+                    return self.download(export_id, name, target, on_bytes)
+                if response.status_code >= 400:
+                    response.read()
+                    self._json(response)
+                mode = "ab" if response.status_code == 206 else "wb"
+                with open(partial, mode) as handle:
+                    for chunk in response.iter_bytes():
+                        handle.write(chunk)
+                        if on_bytes is not None:
+                            on_bytes(len(chunk))
+        except httpx.TransportError as exc:
+            raise StudioError(f"the download of {name} broke off ({exc}); run the command again to resume it") from None
+        partial.replace(target)
+        return target

@@ -1,4 +1,4 @@
-"""The `finetune-studio` command: serve, train, watch, jobs, status, stop, chat, export, demo, make-tiny-model."""
+"""The `finetune-studio` command: serve, train, watch, jobs, status, stop, chat, inspect, export, demo, make-tiny-model."""
 
 from __future__ import annotations
 
@@ -21,6 +21,9 @@ DEFAULT_SERVER = "http://127.0.0.1:8000"
 # building the parser imports no pydantic; a unit test checks they agree.
 TRAINING_TYPES = ("LoRA/QLoRA", "Full Finetuning", "Continued Pretraining")
 FORMAT_TYPES = ("auto", "alpaca", "chatml", "sharegpt", "raw")
+# llama.cpp's names (schemas.GgufQuantization and LoraGgufType), written out likewise.
+GGUF_QUANTIZATIONS = ("f16", "bf16", "q8_0", "q4_k_m", "q5_k_m", "q6_k")
+LORA_GGUF_TYPES = ("f16", "bf16", "q8_0")
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -94,6 +97,17 @@ def _make_tiny_model(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
+    if args.gguf or args.lora_gguf:
+        if args.merged:
+            print("error: --merged writes a folder here, in this process; run it apart from --gguf/--lora-gguf,"
+                  " which the server exports", file=sys.stderr)
+            return 2
+        from finetune_studio.cli.export_job import run_export_job
+
+        return run_export_job(args)
+    if not args.merged:
+        print("error: name what to export: --gguf QUANTIZATIONS (q4_k_m,q8_0), --lora-gguf, or --merged DIR", file=sys.stderr)
+        return 2
     from finetune_studio.cli.export import ExportError, export_merged, find_job_dir
     from finetune_studio.config import get_settings
 
@@ -324,6 +338,106 @@ def running_server(data_dir: Path, port: int) -> Iterator[str]:
         yield server.url
 
 
+def _inspect(args: argparse.Namespace) -> int:
+    from finetune_studio.cli.inspect import run_inspect
+
+    return run_inspect(args, sys.stdout, sys.stderr)
+
+
+INSPECT_DESCRIPTION = """Read and check dataset files as a training job would, without starting one.
+
+Prints the shape, the rows, the first rows as the model will see them (with --model:
+through its chat template; the part the loss covers is marked), tokens per row
+(with --model: min, mean, percentiles, max) and how many rows --max-seq-length would
+cut, and every problem with its file and line, in the words a job would use. When
+the columns are no known shape, it suggests a custom_format_mapping. It runs here,
+in this process: no server is needed, and only the model's tokenizer is loaded.
+"""
+
+INSPECT_EPILOG = """Exit status: 0 a job would train on the data as it is; 1 the data has problems
+(or bad rows a job would skip); 2 bad usage.
+"""
+
+
+def _add_inspect_parser(commands: Any) -> None:
+    inspect = commands.add_parser(
+        "inspect", help="check dataset files and preview them as a job would read them (no server needed)",
+        description=INSPECT_DESCRIPTION, epilog=INSPECT_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    inspect.add_argument("files", nargs="+", metavar="FILE", help="dataset files (.jsonl, .json, .csv, .parquet, .txt)")
+    inspect.add_argument("--model", default=None, help="a model folder, .gguf file or hub id: its tokenizer and chat template")
+    inspect.add_argument("--format", default="auto", choices=FORMAT_TYPES, help="the data's shape (default: auto, detected)")
+    inspect.add_argument("--max-seq-length", type=_number_in(8, 1_048_576, int), default=2048, metavar="N",
+                         help="rows longer than this many tokens are counted as cut (default 2048)")
+    inspect.add_argument("--mapping", action="append", metavar="COLUMN=ROLE",
+                         help="custom_format_mapping, one column each (question=user, answer=assistant); repeatable")
+    inspect.add_argument("--train-on-completions", action="store_true", help="the loss covers the answers only")
+    inspect.add_argument("--bad-rows", default="error", choices=("error", "skip"), help="what a bad row does (default: error)")
+    inspect.add_argument("--rows", type=_number_in(0, 20, int), default=3, metavar="N", help="rows to show (default 3)")
+    inspect.add_argument("--trust-remote-code", action="store_true", help="run code shipped with the model's tokenizer")
+    inspect.add_argument("--output-json", action="store_true", help="print the report as JSON (the API's answer)")
+    inspect.set_defaults(func=_inspect)
+
+
+EXPORT_DESCRIPTION = """Export what a job trained, to run it elsewhere.
+
+--gguf and --lora-gguf ask the server for an export (llama.cpp's own converter and
+quantizer, in the server's export process; the server needs the [gguf] extra),
+follow it with a progress bar per stage, and download its files into --out: one
+GGUF file per quantization and an Ollama Modelfile beside them, or the adapter as
+GGUF for llama.cpp's --lora. A server is found or started as `train` does.
+
+--merged DIR merges a LoRA adapter into its base model here, in this process, and
+writes a 16-bit safetensors folder that AutoModelForCausalLM.from_pretrained loads.
+"""
+
+EXPORT_EPILOG = """Examples:
+  finetune-studio export JOB_ID --gguf q4_k_m,q8_0 --out ./gguf
+  finetune-studio export JOB_ID --lora-gguf --out ./adapter
+  finetune-studio export JOB_ID --merged ./merged
+
+A download that broke off resumes when the command runs again (HTTP Range).
+Ctrl-C stops the export (its unfinished files are removed); a second Ctrl-C leaves it running.
+
+Exit status: 0 every export completed and its files were downloaded; 1 an export
+ended in error or stopped (its error and error_code are printed), or a download
+failed; 2 bad usage, the server refused the export (its reason is printed), or no
+server answered; 130 the export was left running.
+"""
+
+
+def _quantization_list(text: str) -> list[str]:
+    """--gguf q4_k_m,q8_0: the names, checked here so a typo costs no round trip."""
+    names = [name.strip().lower() for name in text.split(",") if name.strip()]
+    unknown = [name for name in names if name not in GGUF_QUANTIZATIONS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(
+            f"{', '.join(unknown) or 'nothing'}: not a quantization llama.cpp makes here; choose among"
+            f" {', '.join(GGUF_QUANTIZATIONS)} (several separated by commas)"
+        )
+    return list(dict.fromkeys(names))
+
+
+def _add_export_parser(commands: Any) -> None:
+    export = commands.add_parser(
+        "export", help="export a job's result: GGUF (k-quants), LoRA-GGUF, or a merged 16-bit model",
+        description=EXPORT_DESCRIPTION, epilog=EXPORT_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    export.add_argument("job_id", help="a job id (or, with --merged, a job folder)")
+    export.add_argument("--gguf", type=_quantization_list, default=None, metavar="QUANTS",
+                        help=f"GGUF files, one per quantization, comma-separated: {', '.join(GGUF_QUANTIZATIONS)}")
+    export.add_argument("--lora-gguf", nargs="?", const="f16", default=None, choices=LORA_GGUF_TYPES, metavar="TYPE",
+                        help=f"the LoRA adapter as GGUF, for llama.cpp's --lora ({', '.join(LORA_GGUF_TYPES)}; default f16)")
+    export.add_argument("--out", default=".", metavar="DIR", help="where the exported files are downloaded (default: here)")
+    export.add_argument("--merged", default=None, metavar="DIR", help="merge here, in this process, into this new folder")
+    export.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"], help="--merged's dtype")
+    export.add_argument("--data-dir", default=None,
+                        help="the data directory: where --merged finds the job, and of a server this command starts")
+    export.add_argument("--no-start-server", action="store_true", help="never start a server; fail when none answers")
+    _client_options(export, "print JSON lines (one per event, then a summary) instead of the progress bars")
+    export.set_defaults(func=_export)
+
+
 def _demo(args: argparse.Namespace) -> int:
     from finetune_studio.cli.demo import run_demo
     from finetune_studio.cli.local_server import free_port
@@ -349,12 +463,7 @@ def build_parser() -> argparse.ArgumentParser:
     tiny.add_argument("directory")
     tiny.set_defaults(func=_make_tiny_model)
 
-    export = commands.add_parser("export", help="write a job's result as a merged 16-bit model")
-    export.add_argument("job_id", help="a job id (or a job folder)")
-    export.add_argument("--merged", required=True, metavar="DIR", help="the new folder to write")
-    export.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
-    export.add_argument("--data-dir", default=None, help="the server's data directory (default as for serve)")
-    export.set_defaults(func=_export)
+    _add_export_parser(commands)
 
     _add_train_parser(commands)
 
@@ -381,6 +490,7 @@ def build_parser() -> argparse.ArgumentParser:
     stop.set_defaults(func=_client_command(_stop))
 
     _add_chat_parser(commands)
+    _add_inspect_parser(commands)
 
     demo = commands.add_parser("demo", help="start a server, train a job end to end, and show its progress")
     demo.add_argument("--data-dir", default=None, help="the demo server's data (default ~/.finetune-studio/demo)")

@@ -29,7 +29,7 @@ from typing import Any, Optional, cast
 import torch
 
 from finetune_studio.inference.failures import RequestFailed
-from finetune_studio.inference.models import BaseKey, LoadedModel, ModelPool
+from finetune_studio.inference.models import BaseKey, ChatModel, ModelPool
 from finetune_studio.inference.sampling import make_generator, next_token
 from finetune_studio.inference.text import TextStream
 from finetune_studio.wire import ModelRef
@@ -105,7 +105,7 @@ class Request:
     messages: list[dict[str, str]]
     params: Params
     run: Optional[Running] = None  # from its first turn on
-    entry: Optional[LoadedModel] = None  # held from its first turn until it ends
+    entry: Optional[ChatModel] = None  # held from its first turn until it ends
     adapter: Optional[str] = None  # the adapter's name in `entry`; None: the base
 
 
@@ -113,7 +113,7 @@ class Request:
 class Running:
     """What is a started answer's own: its KV cache, generator and text."""
 
-    entry: LoadedModel
+    entry: ChatModel
     adapter: Optional[str]
     cache: Any
     generator: torch.Generator
@@ -219,7 +219,7 @@ class Engine:
         run = request.run = Running(
             entry=entry,
             adapter=request.adapter,
-            cache=entry.new_cache(),
+            cache=entry.new_cache(len(prompt) + max_tokens),
             generator=make_generator(entry.device, request.params.seed),
             stream=TextStream(entry.decode, request.params.stop),
             prompt_tokens=len(prompt),

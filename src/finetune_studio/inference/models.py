@@ -10,8 +10,10 @@ loads it, `training.models.load_tokenizer_and_model`) is loaded once and serves:
   token by token. At most MAX_ADAPTERS_PER_BASE stay loaded; the least recently
   used idle one goes first.
 
-A full fine-tuning result is a base of its own. `ModelPool` keeps at most
-`max_loaded` bases warm, least recently used first out, and unloads a base that
+A full fine-tuning result is a base of its own. A `.gguf` file that a ModelRef
+gives to llama.cpp (`backend: "llama_cpp"`, an export) is a base too, loaded by
+`inference/gguf.py` (`GgufModel`); both kinds are a `ChatModel` to the engine and
+the pool. `ModelPool` keeps at most `max_loaded` bases warm (of either backend), least recently used first out, and unloads a base that
 nobody used for `idle_seconds`. A base that an unfinished request uses is never
 unloaded under it: it goes as soon as its last request ends.
 """
@@ -28,14 +30,14 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Protocol
 
 import torch
 
 from finetune_studio.inference.failures import RequestFailed
 from finetune_studio.training.channel import JobFailure
 from finetune_studio.training.models import ModelSource, load_tokenizer_and_model
-from finetune_studio.wire import ModelRef
+from finetune_studio.wire import INFERENCE_BACKENDS, ModelRef
 
 MAX_ADAPTERS_PER_BASE = 8
 # The context of a model whose config states none (max_position_embeddings).
@@ -45,21 +47,59 @@ SOURCE_KINDS = ("folder", "gguf", "hub")
 
 @dataclass(frozen=True)
 class BaseKey:
-    """One loaded base model: where it comes from, and whether its code may run."""
+    """One loaded base model: where it comes from, whether its code may run, and who
+    runs it (the same .gguf file given to transformers and to llama.cpp is two bases)."""
 
     kind: str
     location: str
     trust_remote_code: bool
+    backend: str = "transformers"
 
     @classmethod
     def of(cls, ref: ModelRef) -> BaseKey:
         base = ref.get("base")
         if not isinstance(base, dict) or base.get("kind") not in SOURCE_KINDS or not isinstance(base.get("location"), str):
             raise RequestFailed("invalid_request", f"model.base must be {{'kind': one of {SOURCE_KINDS}, 'location': a string}}", "model")
-        return cls(base["kind"], base["location"], bool(ref.get("trust_remote_code", False)))
+        backend = ref.get("backend", "transformers")
+        if backend not in INFERENCE_BACKENDS:
+            raise RequestFailed("invalid_request", f"model.backend must be one of {INFERENCE_BACKENDS}, not {backend!r}", "model")
+        if backend == "llama_cpp" and base["kind"] != "gguf":
+            raise RequestFailed("invalid_request", "llama.cpp runs .gguf files only: model.base.kind must be 'gguf'", "model")
+        return cls(base["kind"], base["location"], bool(ref.get("trust_remote_code", False)), backend)
 
     def describe(self) -> str:
-        return self.location
+        return f"{self.location} (llama.cpp)" if self.backend == "llama_cpp" else self.location
+
+
+class ChatModel(Protocol):
+    """What the engine and the pool need of a loaded base, whoever runs it
+    (`LoadedModel`: transformers; `inference.gguf.GgufModel`: llama.cpp)."""
+
+    key: BaseKey
+    device: torch.device  # where its logits are (the generators are made there)
+    users: int  # unfinished requests on this base
+    last_used: float
+    draining: bool  # unload when the last user is done
+    context_length: int  # the prompt and the answer together, in tokens
+    eos_ids: frozenset[int]  # tokens that end an answer
+
+    def prompt_ids(self, messages: list[dict[str, str]]) -> list[int]: ...
+
+    def decode(self, ids: list[int]) -> str: ...
+
+    def use_adapter(self, folder: str) -> str: ...
+
+    def release_adapter(self, name: str) -> None: ...
+
+    def new_cache(self, tokens: int) -> Any:
+        """An empty KV cache for one request of at most `tokens` tokens (prompt and answer)."""
+        ...
+
+    def forward(self, ids: list[int], cache: Any, seen: int, adapter: Optional[str]) -> torch.Tensor: ...
+
+    def close(self) -> None:
+        """Free what it holds now (the pool has dropped it; no request uses it)."""
+        ...
 
 
 class LoadedModel:
@@ -162,8 +202,9 @@ class LoadedModel:
 
     # -- forward passes ---------------------------------------------------------
 
-    def new_cache(self) -> Any:
-        """An empty KV cache for one request, as generate() makes it."""
+    def new_cache(self, tokens: int) -> Any:
+        """An empty KV cache for one request, as generate() makes it (it grows as
+        needed, so `tokens` is not needed here)."""
         from transformers import DynamicCache
 
         try:
@@ -183,6 +224,9 @@ class LoadedModel:
             output = self.model(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
         logits: torch.Tensor = output.logits[0, -1]
         return logits.to(dtype=torch.float32)
+
+    def close(self) -> None:
+        """Nothing to do: torch frees the weights with the last reference (the pool's)."""
 
     # -- facts --------------------------------------------------------------------
 
@@ -212,8 +256,13 @@ class LoadedModel:
         return frozenset(found)
 
 
-def load_base(key: BaseKey) -> LoadedModel:
-    """Load a base model for answering: float32 on the CPU, bf16 on a GPU that has it."""
+def load_base(key: BaseKey) -> ChatModel:
+    """Load a base model for answering: with llama.cpp when the key says so, else
+    with transformers: float32 on the CPU, bf16 on a GPU that has it."""
+    if key.backend == "llama_cpp":
+        from finetune_studio.inference.gguf import load_gguf  # llama_cpp: only when a GGUF is served
+
+        return load_gguf(key)
     cuda = torch.cuda.is_available()
     dtype = torch.bfloat16 if cuda and torch.cuda.is_bf16_supported() else torch.float32
     source = ModelSource(key.kind, key.location)
@@ -241,24 +290,24 @@ class ModelPool:
         max_loaded: int,
         idle_seconds: float,
         *,
-        loader: Callable[[BaseKey], LoadedModel] = load_base,
+        loader: Callable[[BaseKey], ChatModel] = load_base,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.max_loaded = max_loaded
         self.idle_seconds = idle_seconds  # 0 or less: never unload for idleness
         self._loader = loader
         self._clock = clock
-        self._loaded: OrderedDict[BaseKey, LoadedModel] = OrderedDict()
+        self._loaded: OrderedDict[BaseKey, ChatModel] = OrderedDict()
 
     @property
     def loaded(self) -> list[BaseKey]:
         return list(self._loaded)
 
-    def get(self, key: BaseKey) -> Optional[LoadedModel]:
+    def get(self, key: BaseKey) -> Optional[ChatModel]:
         """The loaded base, if it is loaded (without using it)."""
         return self._loaded.get(key)
 
-    def acquire(self, key: BaseKey) -> LoadedModel:
+    def acquire(self, key: BaseKey) -> ChatModel:
         """The loaded base (loading it if needed), held until `release`."""
         entry = self._loaded.get(key)
         if entry is None:
@@ -272,7 +321,7 @@ class ModelPool:
         entry.last_used = self._clock()
         return entry
 
-    def release(self, entry: LoadedModel) -> None:
+    def release(self, entry: ChatModel) -> None:
         entry.users = max(0, entry.users - 1)
         entry.last_used = self._clock()
         if entry.users == 0 and entry.draining:
@@ -320,7 +369,9 @@ class ModelPool:
             self._free_memory()
 
     def _drop(self, key: BaseKey) -> None:
-        if self._loaded.pop(key, None) is not None:
+        entry = self._loaded.pop(key, None)
+        if entry is not None:
+            entry.close()
             print(f"unloaded {key.describe()}", file=sys.stderr)
 
     @staticmethod

@@ -1,33 +1,86 @@
-"""The job state machine: the phases and which changes between them are allowed.
+"""The job state machines: each job kind's phases and which changes between them are allowed.
+
+A training job (kind `train`):
 
     idle --> loading_model --> loading_dataset --> configuring --> training --> completed
-      \\            \\                 \\                  \\              \\
-       `------------`-----------------`------------------`--------------`--> error | stopped
+     ^ \\            \\                 \\                  \\              \\
+     |  `------------`-----------------`------------------`--------------`--> error | stopped
+     |                                                                                  |
+     `------------------------------ resume (a paused job only) ------------------------'
+
+Pause is a stop that ends `stopped` with `details.paused: true` (its checkpoint
+saved); resume is the one edge out of a terminal phase: the same job, queued again
+(`idle`), continues from that checkpoint. `JobStore.transition` guards it: only a
+status with `details.paused` takes it.
+
+An export (kind `export`, DESIGN.md section 8) takes only the stages its format needs:
+
+    idle --> loading_model --+--> merging ---------+--> completed          (merged_16bit)
+                             |       |             |
+                             |       v             |
+                             +--> converting ------+--> completed          (gguf f16/bf16, lora_gguf)
+                                     |
+                                     v
+                                 quantizing ----------> completed          (gguf k-quants, q8_0)
+
+    and error | stopped from idle and from every running phase.
+
+So `gguf` of a LoRA job goes loading_model -> merging -> converting [-> quantizing];
+`gguf` of a full fine-tuning job skips merging; `lora_gguf` goes loading_model ->
+converting; `merged_16bit` ends after merging. A child converts every file it
+converts before it quantizes any, so there is no edge back from quantizing.
 
 Every phase change in the system goes through `JobStore.transition`, which only
-updates a row whose current phase is one this table allows.
+updates a row whose current phase is one its kind's table allows.
 """
 
 from __future__ import annotations
 
-from typing import get_args
+from typing import Literal, get_args
 
-from finetune_studio.schemas import Phase
+from finetune_studio.schemas import ExportPhase, Phase
+
+JobKind = Literal["train", "export"]
+KINDS: tuple[str, ...] = get_args(JobKind)
 
 PHASES: tuple[str, ...] = get_args(Phase)
 TERMINAL: frozenset[str] = frozenset({"completed", "error", "stopped"})
 RUNNING: frozenset[str] = frozenset({"loading_model", "loading_dataset", "configuring", "training"})
 
-_ENDINGS = {"error", "stopped"}
 ALLOWED_FROM: dict[str, frozenset[str]] = {
     # target phase: the phases it may be entered from
-    "loading_model": frozenset({"idle"}),
+    # loading_model and training may also be said again with new words: a Ray job
+    # waiting for the cluster's resources before it loads, or restarting from its
+    # checkpoint after a lost worker (finetune_studio.ray_train.driver).
+    "loading_model": frozenset({"idle", "loading_model"}),
     "loading_dataset": frozenset({"loading_model"}),
     "configuring": frozenset({"loading_dataset"}),
-    "training": frozenset({"configuring"}),
+    "training": frozenset({"configuring", "training"}),
     "completed": frozenset({"training"}),
     "error": frozenset({"idle"}) | RUNNING,
     "stopped": frozenset({"idle"}) | RUNNING,
+    "idle": frozenset({"stopped"}),  # resume: a paused job only (the store's guard)
+}
+
+EXPORT_PHASES: tuple[str, ...] = get_args(ExportPhase)
+EXPORT_RUNNING: frozenset[str] = frozenset({"loading_model", "merging", "converting", "quantizing"})
+EXPORT_ALLOWED_FROM: dict[str, frozenset[str]] = {
+    "loading_model": frozenset({"idle"}),
+    "merging": frozenset({"loading_model"}),
+    "converting": frozenset({"loading_model", "merging"}),
+    "quantizing": frozenset({"converting"}),
+    "completed": frozenset({"merging", "converting", "quantizing"}),
+    "error": frozenset({"idle"}) | EXPORT_RUNNING,
+    "stopped": frozenset({"idle"}) | EXPORT_RUNNING,
+}
+
+# Per kind: its phases, its running phases, its table, and the phases that take progress events.
+PHASES_OF: dict[str, tuple[str, ...]] = {"train": PHASES, "export": EXPORT_PHASES}
+RUNNING_OF: dict[str, frozenset[str]] = {"train": RUNNING, "export": EXPORT_RUNNING}
+ALLOWED_FROM_OF: dict[str, dict[str, frozenset[str]]] = {"train": ALLOWED_FROM, "export": EXPORT_ALLOWED_FROM}
+PROGRESS_PHASES: dict[str, frozenset[str]] = {
+    "train": frozenset({"training"}),
+    "export": frozenset({"merging", "converting", "quantizing"}),
 }
 
 
@@ -35,5 +88,10 @@ def is_terminal(phase: str) -> bool:
     return phase in TERMINAL
 
 
-def can_enter(target: str, current: str) -> bool:
-    return current in ALLOWED_FROM.get(target, frozenset())
+def allowed_from(target: str, kind: str = "train") -> frozenset[str]:
+    """The phases a job of `kind` may enter `target` from (empty: none leads there)."""
+    return ALLOWED_FROM_OF.get(kind, {}).get(target, frozenset())
+
+
+def can_enter(target: str, current: str, kind: str = "train") -> bool:
+    return current in allowed_from(target, kind)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+import shutil
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -21,10 +22,17 @@ from typing import Any, Optional, cast
 from finetune_studio.bounds import bound_status
 from finetune_studio.errors import InvalidTransition, StudioError
 from finetune_studio.jobs.feed import CHUNK_BYTES, FRAME_OVERHEAD, KEEPALIVE, EventFeed, sse_frame
-from finetune_studio.jobs.phases import PHASES, TERMINAL
+from finetune_studio.jobs.phases import EXPORT_RUNNING, PHASES_OF, TERMINAL
 from finetune_studio.jobs.store import JobRecord, JobStore, StoredEvent
 from finetune_studio.jobs.summary import summarize
-from finetune_studio.schemas import Phase, TrainingProgress, TrainingStatus
+from finetune_studio.schemas import (
+    ExportPhase,
+    ExportProgress,
+    ExportStatus,
+    Phase,
+    TrainingProgress,
+    TrainingStatus,
+)
 
 
 def new_job_id() -> str:
@@ -38,14 +46,29 @@ def make_status(
     *,
     error: Optional[str] = None,
     details: Optional[dict[str, Any]] = None,
+    kind: str = "train",
+    exported_job: str = "",
 ) -> dict[str, Any]:
-    """A TrainingStatus payload, validated against the seed's model, stamped with
-    its time (`details.time`, seconds since the epoch) so that a replay shows how
-    long each phase took, and bounded (`finetune_studio.bounds`): a child's message
-    is untrusted, and a status is copied into the stream and every polling answer."""
-    if phase not in PHASES:
-        raise InvalidTransition(f"job {job_id} cannot go to {phase!r}: not a phase (phases: {', '.join(PHASES)})")
+    """A TrainingStatus payload (an ExportStatus for an export, of the training job
+    `exported_job`), validated against its model, stamped with its time
+    (`details.time`, seconds since the epoch) so that a replay shows how long each
+    phase took, and bounded (`finetune_studio.bounds`): a child's message is
+    untrusted, and a status is copied into the stream and every polling answer."""
+    phases = PHASES_OF[kind]
+    if phase not in phases:
+        raise InvalidTransition(f"job {job_id} cannot go to {phase!r}: not a phase (phases: {', '.join(phases)})")
     message, error, details = bound_status(message, error, details)
+    if kind == "export":
+        export = ExportStatus(
+            export_id=job_id,
+            job_id=exported_job,
+            phase=cast(ExportPhase, phase),
+            is_running=phase in EXPORT_RUNNING,
+            message=message,
+            error=error,
+            details={**(details or {}), "time": round(time.time(), 6)},
+        )
+        return export.model_dump()
     status = TrainingStatus(
         job_id=job_id,
         phase=cast(Phase, phase),
@@ -65,9 +88,13 @@ REPLAY_PAGE = 5000
 
 
 class JobService:
-    def __init__(self, store: JobStore, jobs_dir: Path, keepalive_seconds: float = 15.0) -> None:
+    def __init__(
+        self, store: JobStore, jobs_dir: Path, keepalive_seconds: float = 15.0, exports_dir: Optional[Path] = None
+    ) -> None:
         self.store = store
         self.jobs_dir = jobs_dir
+        # An export's files live in <data dir>/exports/<export id>/, beside jobs/.
+        self.exports_dir = exports_dir or jobs_dir.parent / "exports"
         self.keepalive_seconds = keepalive_seconds
         # The feeds of unfinished jobs that have had an event or a reader since the
         # server started; a finished job's feed is dropped (its readers keep theirs).
@@ -77,15 +104,22 @@ class JobService:
 
     # -- writes -------------------------------------------------------------
 
-    def create_job(self, request: dict[str, Any], message: str, details: dict[str, Any]) -> JobRecord:
+    def create_job(
+        self, request: dict[str, Any], message: str, details: dict[str, Any], kind: str = "train"
+    ) -> JobRecord:
+        """Queue a job of `kind`; an export's request names the training job it exports (`job_id`)."""
         job_id = new_job_id()
         # The output folder is the server's choice alone (never a path from the
-        # request): the data dir's jobs/<random hex id>.
-        output_dir = self.jobs_dir / job_id
-        if output_dir.resolve().parent != self.jobs_dir.resolve():
-            raise StudioError(f"refusing an output folder outside {self.jobs_dir}: {output_dir}")
-        status = make_status(job_id, "idle", message, details={"output_dir": str(output_dir), **details})
-        event = self.store.create_job(job_id, request, str(output_dir), status)
+        # request): the data dir's jobs/<random hex id> (exports/<id> for an export).
+        parent = self.exports_dir if kind == "export" else self.jobs_dir
+        output_dir = parent / job_id
+        if output_dir.resolve().parent != parent.resolve():
+            raise StudioError(f"refusing an output folder outside {parent}: {output_dir}")
+        status = make_status(
+            job_id, "idle", message, details={"output_dir": str(output_dir), **details}, kind=kind,
+            exported_job=str(request.get("job_id", "")),
+        )
+        event = self.store.create_job(job_id, request, str(output_dir), status, kind=kind)
         self._publish(event, terminal=False)
         return self.store.get_job(job_id)
 
@@ -98,11 +132,14 @@ class JobService:
         error: Optional[str] = None,
         details: Optional[dict[str, Any]] = None,
     ) -> StoredEvent:
-        status = make_status(job_id, phase, message, error=error, details=details)
-        if phase in TERMINAL:
+        job = self.store.get_job(job_id)
+        status = make_status(
+            job_id, phase, message, error=error, details=details, kind=job.kind,
+            exported_job=str(job.request.get("job_id", "")),
+        )
+        if phase in TERMINAL and job.kind == "train":
             # Added after the child's details were bounded: its size is fixed (summary.py).
-            request = self.store.get_job(job_id).request
-            status["details"]["summary"] = self.summary(job_id, request, ended=status["details"]["time"])
+            status["details"]["summary"] = self.summary(job_id, job.request, ended=status["details"]["time"])
         event = self.store.transition(job_id, status)
         self._publish(event, terminal=phase in TERMINAL)
         return event
@@ -111,10 +148,14 @@ class JobService:
         """The run summary (`details.summary`) from the job's events, up to `ended`."""
         return summarize(self.store.progress_points(job_id), request, self.store.queued_at(job_id), ended)
 
-    def record_progress(self, job_id: str, progress: dict[str, Any]) -> Optional[StoredEvent]:
-        # Unset metrics are left out, and so is `loss_finite` while it is true; `loss`
-        # is always there (null when the step's loss was not finite).
-        payload = TrainingProgress.model_validate(progress).model_dump(exclude_defaults=True)
+    def record_progress(self, job_id: str, progress: dict[str, Any], kind: str = "train") -> Optional[StoredEvent]:
+        """One step of a job of `kind` (a TrainingProgress; an ExportProgress for an export)."""
+        if kind == "export":
+            payload = ExportProgress.model_validate(progress).model_dump(exclude_none=True)
+        else:
+            # Unset metrics are left out, and so is `loss_finite` while it is true; `loss`
+            # is always there (null when the step's loss was not finite).
+            payload = TrainingProgress.model_validate(progress).model_dump(exclude_defaults=True)
         event = self.store.append_progress(job_id, payload)
         if event is not None:
             self._publish(event, terminal=False)
@@ -125,10 +166,51 @@ class JobService:
         a restarted server can find an orphan."""
         self.store.set_worker_pid(job_id, pid)
 
-    def mark_stop_requested(self, job_id: str) -> None:
-        """Record that a stop was asked for: it outlives the server, so a job whose
-        server dies while it stops still ends `stopped` (supervisor/recovery.py)."""
-        self.store.set_stop_requested(job_id)
+    def mark_stop_requested(self, job_id: str, pause: bool = False) -> None:
+        """Record that a stop (with `pause`, a pause) was asked for: it outlives the
+        server, so a job whose server dies while it stops still ends `stopped`, paused
+        if a pause was asked (supervisor/recovery.py)."""
+        self.store.set_stop_requested(job_id, pause=pause)
+
+    def resume(self, job_id: str, request: dict[str, Any], message: str, details: dict[str, Any]) -> StoredEvent:
+        """Queue a paused job again (`stopped` -> `idle`, jobs/phases.py), to run with
+        `request` (which names the checkpoint it continues from); its event ids go on."""
+        status = make_status(job_id, "idle", message, details=details)
+        event = self.store.transition(job_id, status, request=request)
+        self._publish(event, terminal=False)
+        return event
+
+    def rename(self, job_id: str, project_name: Optional[str]) -> JobRecord:
+        """Set a training job's label (`project_name`; None or "" removes it)."""
+        self.store.get_job(job_id, kind="train")  # JobNotFound for an export's id too
+        self.store.set_project_name(job_id, project_name or None)
+        return self.store.get_job(job_id)
+
+    def delete_job(self, job_id: str) -> list[Path]:
+        """Forget a finished training job and its exports (rows and events, in one
+        transaction; JobNotFinished when any of them is queued or running) and return
+        their folders, for `remove_folders`."""
+        job = self.store.get_job(job_id, kind="train")
+        exports = self.store.list_jobs(kind="export", exported_job=job_id)
+        self.store.delete_jobs([job.id, *(export.id for export in exports)])
+        for gone in (job, *exports):
+            self._feeds.pop(gone.id, None)
+        # Only folders the server made (jobs/<id>, exports/<id>) are ever removed.
+        parents = {self.jobs_dir.resolve(), self.exports_dir.resolve()}
+        return [Path(gone.output_dir) for gone in (job, *exports) if Path(gone.output_dir).resolve().parent in parents]
+
+    @staticmethod
+    def remove_folders(folders: list[Path]) -> list[str]:
+        """Delete the folders of deleted jobs; returns what could not be removed, in words."""
+        problems = []
+        for folder in folders:
+            try:
+                shutil.rmtree(folder)
+            except FileNotFoundError:
+                continue  # a job that never started made no folder
+            except OSError as exc:
+                problems.append(f"{folder}: {exc.strerror or exc}")
+        return problems
 
     def _publish(self, event: StoredEvent, terminal: bool) -> None:
         feed = self._feeds.get(event.job_id)
@@ -168,19 +250,32 @@ class JobService:
             self._readers.pop(job_id, None)
 
     def status_of(
-        self, job: JobRecord, queue_position: Optional[int] = None, with_summary: bool = False
+        self, job: JobRecord, queue_position: Optional[int] = None, with_summary: bool = False, with_names: bool = False
     ) -> TrainingStatus:
         """The job's current status; a queued job's place in the queue is known only
         now (`details.queue_position`, and the message says the same number). A
         finished job's status carries its run summary; `with_summary` adds the
-        summary so far to a training job's (one query over its progress events)."""
+        summary so far to a training job's (one query over its progress events);
+        `with_names` adds the request's `model_name` and `project_name` (the current
+        label, which a rename changes), which later statuses do not carry."""
         status = TrainingStatus.model_validate(job.status)
+        if with_names:
+            names = {key: job.request.get(key) for key in ("model_name", "project_name")}
+            status.details = {**(status.details or {}), **names}
         if queue_position is not None and job.phase == "idle":
             status.message = f"Queued (position {queue_position})"
             status.details = {**(status.details or {}), "queue_position": queue_position}
         if with_summary and job.phase == "training":
             summary = self.summary(job.id, job.request, ended=time.time())
             status.details = {**(status.details or {}), "summary": summary}
+        return status
+
+    def export_status_of(self, job: JobRecord, queue_position: Optional[int] = None) -> ExportStatus:
+        """An export's current status; a queued one's place among the queued exports."""
+        status = ExportStatus.model_validate(job.status)
+        if queue_position is not None and job.phase == "idle":
+            status.message = f"Queued (position {queue_position})"
+            status.details = {**(status.details or {}), "queue_position": queue_position}
         return status
 
     async def stream(self, job_id: str, after_id: int = 0) -> AsyncIterator[bytes]:
@@ -208,6 +303,8 @@ class JobService:
                 if events:
                     chunk = b"".join(sse_frame(event) for event in events)
                     cursor, ended = events[-1].id, events[-1].is_terminal_status
+                    if ended and self.store.get_job(job_id).last_event_id > cursor:
+                        ended = False  # a paused job that was resumed since: its events go on
                     events.clear()  # not held while the client reads the chunk
                     yield chunk
                     if ended:

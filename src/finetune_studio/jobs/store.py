@@ -18,12 +18,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from finetune_studio.errors import InvalidTransition, JobNotFound
-from finetune_studio.jobs.phases import ALLOWED_FROM, TERMINAL
+from finetune_studio.errors import InvalidTransition, JobNotFinished, JobNotFound
+from finetune_studio.jobs.phases import KINDS, PROGRESS_PHASES, TERMINAL, allowed_from
 from finetune_studio.text import clean
 
 # json.dumps writes every non-ASCII character as an escape; surrogates' start so.
 _ESCAPED_SURROGATE = "\\ud"
+# The phases that take progress events, of any kind (no two kinds' overlap wrongly:
+# a training job is never `merging`, an export never `training`).
+_PROGRESS_PHASES: tuple[str, ...] = tuple(sorted(frozenset().union(*PROGRESS_PHASES.values())))
+_PROGRESS_MARKS = ",".join("?" * len(_PROGRESS_PHASES))
+# The guard of resume: the job's terminal status says it was paused (JSON true reads as 1).
+_PAUSED = " AND json_extract(status_json, '$.details.paused') = 1"
 
 MIGRATIONS: tuple[str, ...] = (
     # 1: jobs and events
@@ -51,6 +57,27 @@ MIGRATIONS: tuple[str, ...] = (
         created_at  REAL NOT NULL,
         PRIMARY KEY (job_id, id)
     ) WITHOUT ROWID;
+    """,
+    # 2: job kinds (jobs/phases.py): every job so far is a training job; exports are jobs too
+    """
+    ALTER TABLE jobs ADD COLUMN kind TEXT NOT NULL DEFAULT 'train';
+    CREATE INDEX jobs_kind_phase_seq ON jobs (kind, phase, seq);
+    """,
+    # 3: the one file store (finetune_studio/files/: /v1/files and the page's uploads),
+    # and pause (a stop that leaves the job resumable: jobs/phases.py)
+    """
+    CREATE TABLE files (
+        id          TEXT PRIMARY KEY,
+        seq         INTEGER NOT NULL UNIQUE,
+        created_at  REAL NOT NULL,
+        purpose     TEXT NOT NULL,
+        filename    TEXT NOT NULL,
+        bytes       INTEGER NOT NULL,
+        path        TEXT NOT NULL,
+        facts_json  TEXT NOT NULL
+    );
+    CREATE INDEX files_purpose_seq ON files (purpose, seq);
+    ALTER TABLE jobs ADD COLUMN pause_requested INTEGER NOT NULL DEFAULT 0;
     """,
 )
 
@@ -80,6 +107,8 @@ class JobRecord:
     worker_pid: Optional[int]
     stop_requested: bool
     last_event_id: int
+    kind: str = "train"  # jobs/phases.py JobKind
+    pause_requested: bool = False  # the stop asked for is a pause (it ends `stopped` with details.paused)
 
 
 def _dumps(payload: dict[str, Any]) -> str:
@@ -126,9 +155,11 @@ class JobStore:
     # -- writes -------------------------------------------------------------
 
     def create_job(
-        self, job_id: str, request: dict[str, Any], output_dir: str, status: dict[str, Any]
+        self, job_id: str, request: dict[str, Any], output_dir: str, status: dict[str, Any], kind: str = "train"
     ) -> StoredEvent:
-        """Insert a queued (`idle`) job and its first status event (id 1)."""
+        """Insert a queued (`idle`) job of `kind` and its first status event (id 1)."""
+        if kind not in KINDS:
+            raise ValueError(f"unknown job kind {kind!r} (kinds: {', '.join(KINDS)})")
         now = time.time()
         data = _dumps(status)
         with self._db:
@@ -136,8 +167,8 @@ class JobStore:
             seq = self._db.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM jobs").fetchone()[0]
             self._db.execute(
                 "INSERT INTO jobs (id, seq, created_at, updated_at, phase, status_json, request_json,"
-                " output_dir, last_event_id) VALUES (?, ?, ?, ?, 'idle', ?, ?, ?, 1)",
-                (job_id, seq, now, now, data, _dumps(request), output_dir),
+                " output_dir, last_event_id, kind) VALUES (?, ?, ?, ?, 'idle', ?, ?, ?, 1, ?)",
+                (job_id, seq, now, now, data, _dumps(request), output_dir, kind),
             )
             self._db.execute(
                 "INSERT INTO events (job_id, id, kind, data, created_at) VALUES (?, 1, 'status', ?, ?)",
@@ -145,29 +176,41 @@ class JobStore:
             )
         return StoredEvent(job_id, 1, "status", data)
 
-    def transition(self, job_id: str, status: dict[str, Any]) -> StoredEvent:
-        """Move a job to `status["phase"]` if the state machine allows it from where it is.
+    def transition(self, job_id: str, status: dict[str, Any], request: Optional[dict[str, Any]] = None) -> StoredEvent:
+        """Move a job to `status["phase"]` if its kind's state machine allows it from where it is.
+
+        Resume (`stopped` -> `idle`, the one edge out of a terminal phase) is taken only
+        by a paused job (`details.paused`); it clears the stop the job ended with, and
+        may store the request it runs with now (`request`).
 
         Raises InvalidTransition (naming both phases) when it does not, and
         JobNotFound for an unknown id.
         """
         target = status["phase"]
-        allowed = sorted(ALLOWED_FROM.get(target, ()))
-        if not allowed:
-            raise InvalidTransition(f"job {job_id} cannot go to {target!r}: no phase leads there")
         now = time.time()
         data = _dumps(status)
-        marks = ",".join("?" * len(allowed))
         with self._db:
             self._db.execute("BEGIN IMMEDIATE")
+            kind = self._kind_of(job_id)
+            allowed = sorted(allowed_from(target, kind))
+            if not allowed:
+                raise InvalidTransition(f"job {job_id} cannot go to {target!r}: no phase of a {kind} job leads there")
+            marks = ",".join("?" * len(allowed))
+            resets, guard, values = "", "", []
+            if target == "idle":  # resume
+                resets, guard = ", stop_requested = 0, pause_requested = 0, worker_pid = NULL", _PAUSED
+            if request is not None:
+                resets += ", request_json = ?"
+                values.append(_dumps(request))
             row = self._db.execute(
-                f"UPDATE jobs SET phase = ?, status_json = ?, updated_at = ?, last_event_id = last_event_id + 1"  # noqa: S608 (placeholders only)
-                f" WHERE id = ? AND phase IN ({marks}) RETURNING last_event_id",
-                (target, data, now, job_id, *allowed),
+                f"UPDATE jobs SET phase = ?, status_json = ?, updated_at = ?, last_event_id = last_event_id + 1{resets}"  # noqa: S608 (placeholders only)
+                f" WHERE id = ? AND phase IN ({marks}){guard} RETURNING last_event_id",
+                (target, data, now, *values, job_id, *allowed),
             ).fetchone()
             if row is None:
                 current = self._phase_of(job_id)
-                raise InvalidTransition(f"job {job_id} cannot go from {current} to {target}")
+                why = ": only a paused job resumes" if target == "idle" and current in allowed else ""
+                raise InvalidTransition(f"job {job_id} cannot go from {current} to {target}{why}")
             event_id = row[0]
             self._db.execute(
                 "INSERT INTO events (job_id, id, kind, data, created_at) VALUES (?, ?, 'status', ?, ?)",
@@ -176,15 +219,16 @@ class JobStore:
         return StoredEvent(job_id, event_id, "status", data)
 
     def append_progress(self, job_id: str, progress: dict[str, Any]) -> Optional[StoredEvent]:
-        """Record one step's metrics; only a job in `training` takes them (else None)."""
+        """Record one step's metrics; only a job in a phase that has steps takes them
+        (`training`; an export's merging, converting, quantizing), else None."""
         now = time.time()
         data = _dumps(progress)
         with self._db:
             self._db.execute("BEGIN IMMEDIATE")
             row = self._db.execute(
-                "UPDATE jobs SET progress_json = ?, updated_at = ?, last_event_id = last_event_id + 1"
-                " WHERE id = ? AND phase = 'training' RETURNING last_event_id",
-                (data, now, job_id),
+                "UPDATE jobs SET progress_json = ?, updated_at = ?, last_event_id = last_event_id + 1"  # noqa: S608 (placeholders only)
+                f" WHERE id = ? AND phase IN ({_PROGRESS_MARKS}) RETURNING last_event_id",
+                (data, now, job_id, *_PROGRESS_PHASES),
             ).fetchone()
             if row is None:
                 return None
@@ -197,10 +241,50 @@ class JobStore:
     def set_worker_pid(self, job_id: str, pid: Optional[int]) -> None:
         self._db.execute("UPDATE jobs SET worker_pid = ? WHERE id = ?", (pid, job_id))
 
-    def set_stop_requested(self, job_id: str) -> None:
-        self._db.execute("UPDATE jobs SET stop_requested = 1 WHERE id = ?", (job_id,))
+    def set_stop_requested(self, job_id: str, pause: bool = False) -> None:
+        """Record a stop; with `pause`, one that leaves the job resumable (the latest request wins)."""
+        self._db.execute(
+            "UPDATE jobs SET stop_requested = 1, pause_requested = ? WHERE id = ?",
+            (int(pause), job_id),
+        )
+
+    def set_project_name(self, job_id: str, project_name: Optional[str]) -> None:
+        """Rename a job: the label in its stored request and in its current status (no
+        event: a label is no phase change). JobNotFound for an unknown id."""
+        with self._db:
+            self._db.execute("BEGIN IMMEDIATE")
+            row = self._db.execute(
+                "UPDATE jobs SET request_json = json_set(request_json, '$.project_name', ?),"
+                " status_json = json_set(status_json, '$.details.project_name', ?) WHERE id = ? RETURNING id",
+                (project_name, project_name, job_id),
+            ).fetchone()
+            if row is None:
+                raise JobNotFound(job_id)
+
+    def delete_jobs(self, job_ids: list[str]) -> None:
+        """Remove finished jobs and their events in one transaction: all of them, or
+        none if any is unknown or not in a terminal phase (JobNotFinished, naming it)."""
+        marks = ",".join("?" * len(TERMINAL))
+        with self._db:
+            self._db.execute("BEGIN IMMEDIATE")
+            for job_id in job_ids:
+                phase = self._phase_of(job_id)
+                if phase not in TERMINAL:
+                    raise JobNotFinished(f"job {job_id} is {phase}: stop it first, or wait until it has finished")
+            for job_id in job_ids:
+                self._db.execute("DELETE FROM events WHERE job_id = ?", (job_id,))
+                self._db.execute(
+                    f"DELETE FROM jobs WHERE id = ? AND phase IN ({marks})",  # noqa: S608 (placeholders only)
+                    (job_id, *sorted(TERMINAL)),
+                )
 
     # -- reads --------------------------------------------------------------
+
+    def _kind_of(self, job_id: str) -> str:
+        row = self._db.execute("SELECT kind FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        if row is None:
+            raise JobNotFound(job_id)
+        return str(row[0])
 
     def _phase_of(self, job_id: str) -> str:
         row = self._db.execute("SELECT phase FROM jobs WHERE id = ?", (job_id,)).fetchone()
@@ -208,25 +292,38 @@ class JobStore:
             raise JobNotFound(job_id)
         return str(row[0])
 
-    def status_json(self, job_id: str) -> tuple[str, str]:
-        """The job's phase and its current status as stored JSON (no parsing)."""
-        row = self._db.execute("SELECT phase, status_json FROM jobs WHERE id = ?", (job_id,)).fetchone()
-        if row is None:
+    def status_json(self, job_id: str, kind: Optional[str] = None) -> tuple[str, str]:
+        """The job's phase and its current status as stored JSON (no parsing); with
+        `kind`, a job of another kind is not found (a training id under /export/)."""
+        row = self._db.execute("SELECT phase, status_json, kind FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        if row is None or (kind is not None and row[2] != kind):
             raise JobNotFound(job_id)
         return str(row[0]), _servable(str(row[1]))
 
-    def get_job(self, job_id: str) -> JobRecord:
+    def get_job(self, job_id: str, kind: Optional[str] = None) -> JobRecord:
+        """The job; with `kind`, a job of another kind is not found."""
         row = self._db.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
-        if row is None:
+        if row is None or (kind is not None and row["kind"] != kind):
             raise JobNotFound(job_id)
         return _record(row)
 
-    def list_jobs(self) -> list[JobRecord]:
-        return [_record(row) for row in self._db.execute("SELECT * FROM jobs ORDER BY seq DESC")]
+    def list_jobs(self, kind: Optional[str] = "train", exported_job: Optional[str] = None) -> list[JobRecord]:
+        """Jobs of `kind` (None: every kind), newest first; with `exported_job`, only
+        the exports of that training job."""
+        query, params = "SELECT * FROM jobs WHERE 1 = 1", []
+        if kind is not None:
+            query, params = query + " AND kind = ?", [kind]
+        if exported_job is not None:
+            query += " AND json_extract(request_json, '$.job_id') = ?"
+            params.append(exported_job)
+        return [_record(row) for row in self._db.execute(query + " ORDER BY seq DESC", params)]
 
-    def queued_job_ids(self) -> list[str]:
-        """Jobs waiting to run, first in first out."""
-        rows = self._db.execute("SELECT id FROM jobs WHERE phase = 'idle' ORDER BY seq")
+    def queued_job_ids(self, kind: Optional[str] = "train") -> list[str]:
+        """Jobs of `kind` (None: every kind) waiting to run, first in first out."""
+        if kind is None:
+            rows = self._db.execute("SELECT id FROM jobs WHERE phase = 'idle' ORDER BY seq")
+        else:
+            rows = self._db.execute("SELECT id FROM jobs WHERE kind = ? AND phase = 'idle' ORDER BY seq", (kind,))
         return [str(row[0]) for row in rows]
 
     def unfinished_jobs(self) -> list[JobRecord]:
@@ -257,6 +354,24 @@ class JobStore:
             "SELECT json_extract(data, '$.details.time') FROM events WHERE job_id = ? AND id = 1", (job_id,)
         ).fetchone()
         return _float(row[0]) if row is not None else None
+
+    def events_before(self, job_id: str, before_id: Optional[int], limit: int) -> list[StoredEvent]:
+        """Up to `limit` of the job's events with an id below `before_id` (None: from the
+        last), newest first: OpenAI's event list pages backwards with an `after` cursor."""
+        rows = self._db.execute(
+            "SELECT id, kind, data FROM events WHERE job_id = ? AND id < ? ORDER BY id DESC LIMIT ?",
+            (job_id, before_id if before_id is not None else 2**63 - 1, limit),
+        )
+        return [StoredEvent(job_id, int(r[0]), str(r[1]), _servable(str(r[2]))) for r in rows]
+
+    def progress_at(self, job_id: str, step: int) -> Optional[dict[str, Any]]:
+        """The job's progress event of optimizer step `step` (the latest, should there be two)."""
+        row = self._db.execute(
+            "SELECT data FROM events WHERE job_id = ? AND kind = 'progress' AND json_extract(data, '$.step') = ?"
+            " ORDER BY id DESC LIMIT 1",
+            (job_id, step),
+        ).fetchone()
+        return _loads(row[0]) if row is not None else None
 
     def events_after(
         self, job_id: str, after_id: int, limit: int = 1000, max_bytes: Optional[int] = None, row_overhead: int = 0
@@ -297,4 +412,6 @@ def _record(row: sqlite3.Row) -> JobRecord:
         worker_pid=row["worker_pid"],
         stop_requested=bool(row["stop_requested"]),
         last_event_id=row["last_event_id"],
+        kind=row["kind"],
+        pause_requested=bool(row["pause_requested"]),
     )

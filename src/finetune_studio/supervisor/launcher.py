@@ -15,7 +15,7 @@ import json
 import os
 import signal
 import sys
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Protocol
@@ -23,6 +23,12 @@ from typing import Any, Optional, Protocol
 from finetune_studio.wire import MAX_MESSAGE_BYTES, STOP_COMMAND, JobFolder, WorkerSpec
 
 CHILD_MODULE = "finetune_studio.training.child"
+# An export's child (DESIGN.md section 8): the same wire, its own phases.
+EXPORT_MODULE = "finetune_studio.export.child"
+# Modules whose processes are the server's workers, for telling an orphan from a reused pid.
+# The Ray driver of a training job on a cluster (supervisor/ray_launcher.py): the same wire too.
+RAY_DRIVER_MODULE = "finetune_studio.ray_train.driver"
+WORKER_MODULES: tuple[str, ...] = (CHILD_MODULE, EXPORT_MODULE, RAY_DRIVER_MODULE)
 # The server's own settings (FINETUNE_STUDIO_TOKEN above all) stay with the server.
 SERVER_PREFIX = "FINETUNE_STUDIO_"
 
@@ -47,6 +53,7 @@ def child_environment(server_env: Mapping[str, str]) -> dict[str, str]:
 @dataclass(frozen=True)
 class WorkerExit:
     returncode: Optional[int]
+    process: str = "the training process"  # what the worker is, for `describe`
 
     @property
     def signal_name(self) -> Optional[str]:
@@ -59,8 +66,8 @@ class WorkerExit:
 
     def describe(self) -> str:
         if self.signal_name:
-            return f"the training process was killed by {self.signal_name}"
-        return f"the training process exited with code {self.returncode}"
+            return f"{self.process} was killed by {self.signal_name}"
+        return f"{self.process} exited with code {self.returncode}"
 
 
 class WorkerHandle(Protocol):
@@ -140,9 +147,10 @@ class LocalProcessHandle:
 class LocalProcessLauncher:
     """Runs each job in a child Python process on this machine."""
 
-    def __init__(self, python: Optional[str] = None, module: str = CHILD_MODULE) -> None:
+    def __init__(self, python: Optional[str] = None, module: str = CHILD_MODULE, args: Sequence[str] = ()) -> None:
         self.python = python or sys.executable
         self.module = module
+        self.args = tuple(args)  # after --job-id ID (the Ray driver's cluster settings)
 
     async def launch(self, spec: WorkerSpec) -> LocalProcessHandle:
         spec.output_dir.mkdir(parents=True, exist_ok=True)
@@ -155,6 +163,7 @@ class LocalProcessLauncher:
                 self.module,
                 "--job-id",
                 spec.job_id,
+                *self.args,
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=log,
@@ -170,12 +179,12 @@ class LocalProcessLauncher:
 
 
 def is_our_worker(pid: int, job_id: str) -> bool:
-    """True when pid is alive and is the training child of job_id (not a reused pid)."""
+    """True when pid is alive and is a worker (training or export child) of job_id (not a reused pid)."""
     try:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
         return False
-    return CHILD_MODULE.encode() in cmdline and job_id.encode() in cmdline
+    return any(module.encode() in cmdline for module in WORKER_MODULES) and job_id.encode() in cmdline
 
 
 LOG_TAIL_LINES = 12

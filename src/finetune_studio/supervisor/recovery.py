@@ -9,11 +9,18 @@ phase:
 - a queued job (`idle`) stays queued and runs in turn;
 - a running job whose stop had been asked for ends `stopped`, as it would have
   had the server lived: the stop was the user's wish, and the child (which saw
-  its stdin close) saved what it trained;
+  its stdin close) saved what it trained; a pause that was asked for ends it
+  paused (`details.paused`), so it can still be resumed;
 - any other running job ends `error` with `server_restarted`.
 
 Either way the job's details name its last complete checkpoint (to resume from)
 and any result a child saved as it went away.
+
+An export is not requeued: it ends the same way (`stopped` if its stop had been
+asked for, else `error` with `server_restarted`), and every file its child had
+begun is removed (`remove_export_files`), so nothing half-written is left or
+served. Exporting again is one request; a requeued export would redo the same
+work from the start anyway.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -42,8 +50,46 @@ def recover_jobs(service: JobService) -> None:
         if job.worker_pid:
             _kill_orphan(job.worker_pid, job.id)
             service.set_worker(job.id, None)
-        if job.phase != "idle":
+        if job.phase == "idle":
+            continue
+        if job.kind == "export":
+            _end_export(service, job)
+        else:
             _end(service, job)
+
+
+def remove_export_files(folder: Path) -> None:
+    """Remove everything in an export's folder but its worker.log: what an export
+    that did not complete had begun writing (a child killed mid-file cannot)."""
+    if not folder.is_dir():
+        return
+    keep = JobFolder(folder).log
+    for path in folder.iterdir():
+        if path == keep:
+            continue
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+
+
+def _end_export(service: JobService, job: JobRecord) -> None:
+    remove_export_files(Path(job.output_dir))
+    details: dict[str, Any] = {"output_dir": job.output_dir}
+    if job.stop_requested:
+        service.transition(
+            job.id, "stopped", f"Stopped: the server went away while the export was stopping in {job.phase}", details=details
+        )
+        return
+    service.transition(
+        job.id,
+        "error",
+        "The server stopped while this export was running",
+        error=f"The server stopped while this export was in {job.phase}; its unfinished files were removed."
+        " Start the export again (POST /export/start with the same job_id and format).",
+        details={**details, "error_code": "server_restarted"},
+    )
 
 
 def _end(service: JobService, job: JobRecord) -> None:
@@ -53,8 +99,11 @@ def _end(service: JobService, job: JobRecord) -> None:
     if checkpoint is not None:
         details["last_checkpoint"] = str(checkpoint)
     if job.stop_requested:
+        what = "pausing" if job.pause_requested else "stopping"
+        if job.pause_requested:
+            details["paused"] = True  # the pause was asked for: the job stays resumable
         service.transition(
-            job.id, "stopped", f"Stopped: the server went away while the job was stopping in {job.phase}", details=details
+            job.id, "stopped", f"Stopped: the server went away while the job was {what} in {job.phase}", details=details
         )
         return
     if checkpoint is not None:

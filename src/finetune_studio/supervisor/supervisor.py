@@ -1,7 +1,9 @@
 """The supervisor: runs queued jobs in worker processes and decides how each ends.
 
-It lives in the API server's event loop. It takes queued jobs first in, first out
-(up to `max_concurrent_jobs` at once), launches each through a `WorkerLauncher`,
+It lives in the API server's event loop. It takes queued jobs first in, first out,
+each kind from its own pool of slots (training: `max_concurrent_jobs`; exports:
+`max_concurrent_exports`, so an export never waits behind a long training run),
+launches each through its kind's `WorkerLauncher`,
 turns the worker's messages into phase changes and progress (through JobService,
 the one writer), and, when the worker exits without having reported an end, writes
 that end itself from the exit status: `stopped` if a stop was asked for, otherwise
@@ -14,6 +16,14 @@ and after `kill_grace_seconds` more, SIGKILL.
 A worker that reports its end but does not exit gets the same escalation, so a
 finished job never holds its slot (or its GPU memory) for long.
 
+Pause is a stop that leaves the job resumable: it ends `stopped` with
+`details.paused` (the child saved a checkpoint at its step); `resume_job` queues the
+same job again with `resume_from_checkpoint` set to that checkpoint.
+
+An export that ends any way but `completed` leaves no file behind: whatever its
+child had not removed itself (a child killed mid-write) is removed here
+(`recovery.remove_export_files`), so a half-written file is never served.
+
 Restart: on start-up, `recovery.recover_jobs` ends every job that was running when
 the server went away (see there). Queued jobs stay queued and run in turn.
 """
@@ -22,46 +32,70 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
 from finetune_studio.config import Settings
-from finetune_studio.errors import InvalidTransition, JobAlreadyFinished
-from finetune_studio.jobs.phases import is_terminal
+from finetune_studio.errors import InvalidTransition, JobAlreadyFinished, NotPausable
+from finetune_studio.jobs.phases import KINDS, is_terminal
 from finetune_studio.jobs.service import JobService
 from finetune_studio.jobs.store import JobRecord
-from finetune_studio.schemas import QUEUED_WARNINGS, WITHHELD_SECRETS, TrainingStatus
+from finetune_studio.schemas import OPENAI_JOB, QUEUED_WARNINGS, WITHHELD_SECRETS, ExportStatus, TrainingStatus
 from finetune_studio.supervisor.launcher import (
+    EXPORT_MODULE,
+    LocalProcessLauncher,
     WorkerExit,
     WorkerHandle,
     WorkerLauncher,
     log_tail,
 )
-from finetune_studio.supervisor.recovery import recover_jobs
-from finetune_studio.wire import OUT_OF_MEMORY_ADVICE, WorkerSpec
+from finetune_studio.supervisor.recovery import recover_jobs, remove_export_files
+from finetune_studio.wire import OUT_OF_MEMORY_ADVICE, JobFolder, WorkerSpec
 
 log = logging.getLogger("finetune_studio.supervisor")
 
+
+
+# What each kind's worker is called in messages.
+_WORKER_NAME = {"train": "the training process", "export": "the export process"}
+_FAILED = {"train": "Training failed", "export": "Export failed"}
 
 
 @dataclass
 class ActiveJob:
     job_id: str
     request: dict[str, Any]
+    kind: str = "train"
     handle: Optional[WorkerHandle] = None
     stop_requested: bool = False
+    pause_requested: bool = False  # the stop asked for is a pause: it ends `stopped` with details.paused
     task: Optional[asyncio.Task[None]] = None
     escalation: Optional[asyncio.Task[None]] = None
     notes: list[str] = field(default_factory=list)
 
 
 class Supervisor:
-    def __init__(self, service: JobService, launcher: WorkerLauncher, settings: Settings) -> None:
+    def __init__(
+        self,
+        service: JobService,
+        launcher: WorkerLauncher,
+        settings: Settings,
+        *,
+        export_launcher: Optional[WorkerLauncher] = None,
+    ) -> None:
+        """`launcher` starts training jobs; `export_launcher` exports (default: a local
+        `python -m finetune_studio.export.child`)."""
         self.service = service
         self.launcher = launcher
         self.settings = settings
+        self.launchers: dict[str, WorkerLauncher] = {
+            "train": launcher,
+            "export": export_launcher or LocalProcessLauncher(settings.worker_python, module=EXPORT_MODULE),
+        }
+        self.slots: dict[str, int] = {"train": settings.max_concurrent_jobs, "export": settings.max_concurrent_exports}
         self._active: dict[str, ActiveJob] = {}
         # The secrets (hf_token, wandb_token) of queued jobs, held in memory only:
         # the rest of a request is read back from the store when the job starts. A
@@ -104,8 +138,9 @@ class Supervisor:
             self._secrets[job_id] = secrets
         self._wake.set()
 
-    def queue_positions(self) -> dict[str, int]:
-        waiting = [j for j in self.service.store.queued_job_ids() if j not in self._active]
+    def queue_positions(self, kind: str = "train") -> dict[str, int]:
+        """The place of each queued job of `kind` in its own queue, from 1."""
+        waiting = [j for j in self.service.store.queued_job_ids(kind) if j not in self._active]
         return {job_id: index + 1 for index, job_id in enumerate(waiting)}
 
     async def _schedule_forever(self) -> None:
@@ -117,18 +152,24 @@ class Supervisor:
     def _start_what_fits(self) -> None:
         if self._closing:
             return
-        for job_id in self.service.store.queued_job_ids():
-            if len(self._active) >= self.settings.max_concurrent_jobs:
-                return
-            if job_id in self._active:
-                continue
-            active = self._prepare(self.service.store.get_job(job_id))
-            self._active[job_id] = active
-            active.task = asyncio.create_task(self._run(active), name=f"job-{job_id}")
+        for kind in KINDS:
+            running = sum(1 for job in self._active.values() if job.kind == kind)
+            for job_id in self.service.store.queued_job_ids(kind):
+                if running >= self.slots[kind]:
+                    break
+                if job_id in self._active:
+                    continue
+                active = self._prepare(self.service.store.get_job(job_id))
+                self._active[job_id] = active
+                running += 1
+                active.task = asyncio.create_task(self._run(active), name=f"{kind}-{job_id}")
 
     def _prepare(self, job: JobRecord) -> ActiveJob:
         """The request a queued job's worker gets: as stored, with its secrets put back."""
-        request = {k: v for k, v in job.request.items() if k not in (WITHHELD_SECRETS, QUEUED_WARNINGS)}
+        if job.kind == "export":
+            # Stored complete by the route (source_dir and quantizations included); it holds no secret.
+            return ActiveJob(job.id, dict(job.request), kind="export")
+        request = {k: v for k, v in job.request.items() if k not in (WITHHELD_SECRETS, QUEUED_WARNINGS, OPENAI_JOB)}
         secrets = self._secrets.pop(job.id, {})
         request.update(secrets)
         notes = [str(note) for note in job.request.get(QUEUED_WARNINGS, [])]
@@ -152,16 +193,26 @@ class Supervisor:
             self._active.pop(job_id, None)
             with contextlib.suppress(Exception):
                 self.service.set_worker(job_id, None)
+            if active.kind == "export":
+                with contextlib.suppress(Exception):
+                    self._clean_unfinished_export(job_id)
             self._wake.set()
+
+    def _clean_unfinished_export(self, export_id: str) -> None:
+        """Remove what an export that did not complete left in its folder (its log stays)."""
+        job = self.service.store.get_job(export_id)
+        if job.phase != "completed":
+            remove_export_files(Path(job.output_dir))
 
     async def _drive(self, active: ActiveJob) -> None:
         job_id = active.job_id
         job = self.service.store.get_job(job_id)
         spec = WorkerSpec(job_id=job_id, output_dir=Path(job.output_dir), request=active.request, warnings=active.notes)
+        worker = _WORKER_NAME[active.kind]
         try:
-            handle = await self.launcher.launch(spec)
+            handle = await self.launchers[active.kind].launch(spec)
         except OSError as exc:
-            self._end_if_unfinished(job_id, "error", "worker_failed_to_start", f"the training process could not start: {exc}")
+            self._end_if_unfinished(job_id, "error", "worker_failed_to_start", f"{worker} could not start: {exc}")
             return
         active.handle = handle
         if handle.pid:
@@ -172,7 +223,7 @@ class Supervisor:
 
         async for message in handle.messages():
             self._apply(active, message)
-        exit_info = await handle.wait()
+        exit_info = dataclasses.replace(await handle.wait(), process=worker)
 
         if active.stop_requested:
             self._end_if_unfinished(
@@ -185,7 +236,7 @@ class Supervisor:
                 job_id,
                 "error",
                 "worker_died",
-                f"{reason[0].upper()}{reason[1:]} before the job finished.{_death_advice(exit_info)}"
+                f"{reason[0].upper()}{reason[1:]} before the job finished.{_death_advice(exit_info, active.kind)}"
                 + (f" Last lines of {handle.log_path}:\n{tail}" if tail else ""),
                 extra={"exit_code": exit_info.returncode, "signal": exit_info.signal_name, "log_path": str(handle.log_path)},
             )
@@ -195,17 +246,14 @@ class Supervisor:
         kind = message.get("type")
         try:
             if kind == "status":
-                self.service.transition(
-                    job_id,
-                    str(message["phase"]),
-                    str(message.get("message", "")),
-                    error=message.get("error"),
-                    details=message.get("details"),
-                )
+                text, details = str(message.get("message", "")), message.get("details")
+                if message["phase"] == "stopped" and active.pause_requested:
+                    text, details = _paused(details)
+                self.service.transition(job_id, str(message["phase"]), text, error=message.get("error"), details=details)
                 if is_terminal(str(message["phase"])):
                     self._escalate_later(active)  # it has nothing left to do but exit
             elif kind == "progress":
-                self.service.record_progress(job_id, message["progress"])
+                self.service.record_progress(job_id, message["progress"], kind=active.kind)
         except InvalidTransition as exc:
             log.warning("ignored a phase change from the worker of %s: %s", job_id, exc)
         except (KeyError, ValueError, TypeError) as exc:
@@ -225,43 +273,103 @@ class Supervisor:
         details: dict[str, Any] = {"output_dir": job.output_dir, **(extra or {})}
         if error_code:
             details["error_code"] = error_code
+        if phase == "stopped" and job.pause_requested:
+            text, details = _paused({**details, "reason": text})
         if phase == "error":
-            self.service.transition(job_id, "error", "Training failed", error=text, details=details)
+            self.service.transition(job_id, "error", _FAILED[job.kind], error=text, details=details)
         else:
             self.service.transition(job_id, phase, text[0].upper() + text[1:], details=details)
 
     # -- stop ---------------------------------------------------------------
 
     async def stop_job(self, job_id: str) -> TrainingStatus:
-        job = self.service.store.get_job(job_id)
-        if is_terminal(job.phase):
-            raise JobAlreadyFinished(f"job {job_id} already ended in {job.phase}; there is nothing to stop")
-        active = self._active.get(job_id)
-        if active is None:
-            # Queued and not yet picked up: it never runs.
-            self._secrets.pop(job_id, None)
-            self.service.transition(
-                job_id, "stopped", "Stopped before it started", details={"output_dir": job.output_dir}
-            )
-            return self.service.status_of(self.service.store.get_job(job_id))
-        already = active.stop_requested
-        await self._request_stop(active, reason="a stop was requested")
+        """Stop a training job (see the module docstring)."""
+        running, already = await self._stop(self.service.store.get_job(job_id, kind="train"))
         status = self.service.status_of(self.service.store.get_job(job_id))
+        if not running:
+            return status
         status.message = (
             "A stop was already requested; the job stops after its current step"
             if already
             else "Stop requested; the job stops after its current step and saves what it trained"
         )
-        details = dict(status.details or {})
-        details["stop_requested"] = True
-        status.details = details
+        status.details = {**(status.details or {}), "stop_requested": True}
         return status
 
-    async def _request_stop(self, active: ActiveJob, reason: str) -> None:
+    async def stop_export(self, export_id: str) -> ExportStatus:
+        """Stop an export: a queued one at once; a running one ends `stopped` with its partial files removed."""
+        running, already = await self._stop(self.service.store.get_job(export_id, kind="export"))
+        status = self.service.export_status_of(self.service.store.get_job(export_id))
+        if not running:
+            return status
+        status.message = (
+            "A stop was already requested; the export stops and removes its unfinished files"
+            if already
+            else "Stop requested; the export stops and removes its unfinished files"
+        )
+        status.details = {**(status.details or {}), "stop_requested": True}
+        return status
+
+    async def _stop(self, job: JobRecord) -> tuple[bool, bool]:
+        """Stop `job`: a queued one ends `stopped` at once; a running one is asked to stop.
+        Returns whether it was running, and whether a stop had been asked of it before."""
+        if is_terminal(job.phase):
+            raise JobAlreadyFinished(f"job {job.id} already ended in {job.phase}; there is nothing to stop")
+        active = self._active.get(job.id)
+        if active is None:
+            # Queued and not yet picked up: it never runs.
+            self._secrets.pop(job.id, None)
+            self.service.transition(job.id, "stopped", "Stopped before it started", details={"output_dir": job.output_dir})
+            return False, False
+        already = active.stop_requested
+        await self._request_stop(active, reason="a stop was requested")
+        return True, already
+
+    async def pause_job(self, job_id: str) -> TrainingStatus:
+        """Pause a training job: a stop that saves a checkpoint and ends `stopped` with
+        `details.paused`, so that `resume_job` can queue it again. A queued job is
+        paused at once (it has nothing to save)."""
+        job = self.service.store.get_job(job_id, kind="train")
+        if is_terminal(job.phase):
+            raise NotPausable(f"job {job_id} has ended ({job.phase}); only a queued or running job can be paused")
+        active = self._active.get(job_id)
+        if active is None:
+            # Its secrets stay held for when it is resumed.
+            self.service.transition(
+                job_id, "stopped", "Paused before it started", details={"output_dir": job.output_dir, "paused": True}
+            )
+        else:
+            await self._request_stop(active, reason="a pause was requested", pause=True)
+        return self.service.status_of(self.service.store.get_job(job_id))
+
+    def resume_job(self, job_id: str) -> TrainingStatus:
+        """Queue a paused job again, the same id, to continue from its last checkpoint."""
+        job = self.service.store.get_job(job_id, kind="train")
+        if not (job.phase == "stopped" and (job.status.get("details") or {}).get("paused")):
+            state = "stopped, not paused" if job.phase == "stopped" else job.phase
+            raise NotPausable(f"job {job_id} is {state}; only a paused job can be resumed")
+        checkpoint = JobFolder(Path(job.output_dir)).last_checkpoint()
+        request = dict(job.request)
+        details: dict[str, Any] = {"output_dir": job.output_dir, "resumed": True}
+        if checkpoint is not None:
+            request["resume_from_checkpoint"] = details["resume_from"] = str(checkpoint)
+            message = f"Resumed: queued to continue from {checkpoint.name}"
+        else:
+            message = "Resumed: queued to start from the beginning (it was paused before it saved a checkpoint)"
+        self.service.resume(job_id, request, message, details)
+        self._wake.set()
+        return self.service.status_of(self.service.store.get_job(job_id), self.queue_positions().get(job_id))
+
+    async def _request_stop(self, active: ActiveJob, reason: str, pause: Optional[bool] = None) -> None:
+        """Ask a running job to stop; `pause` True or False says whether it ends paused
+        (the latest request wins), None leaves that as it was."""
+        if pause is not None:
+            active.pause_requested = pause
+            self.service.mark_stop_requested(active.job_id, pause=pause)
         if active.stop_requested:
             return
         active.stop_requested = True
-        self.service.mark_stop_requested(active.job_id)
+        self.service.mark_stop_requested(active.job_id, pause=active.pause_requested)
         log.info("stopping job %s: %s", active.job_id, reason)
         if active.handle is not None:
             await active.handle.request_stop()
@@ -281,7 +389,25 @@ class Supervisor:
         handle.kill()
 
 
-def _death_advice(exit_info: WorkerExit) -> str:
+def _paused(details: Optional[dict[str, Any]]) -> tuple[str, dict[str, Any]]:
+    """The message and details of a paused job's `stopped` status (from the child's, or the supervisor's)."""
+    details = {**(details or {}), "paused": True}
+    steps = details.get("steps")
+    checkpoint = details.get("last_checkpoint")
+    where = f" after step {steps}" if steps is not None else ""
+    then = f"; resume continues from {Path(str(checkpoint)).name}" if checkpoint else ""
+    return f"Paused{where}{then}", details
+
+
+def _death_advice(exit_info: WorkerExit, kind: str = "train") -> str:
     if exit_info.signal_name != "SIGKILL":
         return ""
-    return f" If no one killed it, the system most likely ran out of memory (the kernel's OOM killer). {OUT_OF_MEMORY_ADVICE}"
+    advice = OUT_OF_MEMORY_ADVICE if kind == "train" else _EXPORT_MEMORY_ADVICE
+    return f" If no one killed it, the system most likely ran out of memory (the kernel's OOM killer). {advice}"
+
+
+# An export holds the whole model in memory while it merges and converts.
+_EXPORT_MEMORY_ADVICE = (
+    "An export loads the whole model: free memory (stop a training job or the chat's loaded models) and start it again,"
+    " or export on a machine with more memory."
+)

@@ -65,6 +65,60 @@ def _gpu_memory_reader() -> Optional[Callable[[], int]]:
     return torch.cuda.memory_reserved
 
 
+# eval_samples: how long an answer may be, and how much of a prompt and an answer an event carries.
+EVAL_SAMPLE_NEW_TOKENS = 48
+EVAL_SAMPLE_CHARS = 1_000
+
+
+def eval_prompts(tokenizer: Any, rows: list[dict[str, Any]], count: int) -> list[str]:
+    """The prompts of the first `count` evaluation rows, as the model sees them: a
+    conversation up to its last answer, rendered with the chat template and its
+    generation prompt; raw text cut to its first half (at most EVAL_SAMPLE_CHARS)."""
+    prompts = []
+    for row in rows[:count]:
+        if "messages" in row:
+            messages = row["messages"]
+            last = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=len(messages))
+            prompts.append(str(tokenizer.apply_chat_template(messages[:last], tokenize=False, add_generation_prompt=True)))
+        else:
+            text = str(row["text"])
+            prompts.append(text[: min(len(text) // 2 or len(text), EVAL_SAMPLE_CHARS)])
+    return prompts
+
+
+class EvalSampler:
+    """The model's greedy answers to a few evaluation prompts: `eval_samples` of an evaluated step."""
+
+    def __init__(self, prompts: list[str], max_new_tokens: int = EVAL_SAMPLE_NEW_TOKENS) -> None:
+        self.prompts = prompts
+        self.max_new_tokens = max_new_tokens
+
+    def __call__(self, model: Any, tokenizer: Any) -> list[dict[str, str]]:
+        import torch
+
+        from finetune_studio.bounds import excerpt
+
+        was_training = model.training
+        model.eval()  # no dropout: the answer the weights give now
+        samples = []
+        try:
+            device = next(model.parameters()).device
+            pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+            with torch.no_grad():
+                for prompt in self.prompts:
+                    # The template already holds the special tokens the model expects.
+                    encoded = tokenizer(prompt, return_tensors="pt", add_special_tokens=False).to(device)
+                    output = model.generate(
+                        **encoded, max_new_tokens=self.max_new_tokens, do_sample=False, pad_token_id=pad
+                    )
+                    answer = tokenizer.decode(output[0, encoded["input_ids"].shape[1]:], skip_special_tokens=True)
+                    samples.append({"prompt": excerpt(prompt, EVAL_SAMPLE_CHARS), "completion": excerpt(answer, EVAL_SAMPLE_CHARS)})
+        finally:
+            if was_training:
+                model.train()
+        return samples
+
+
 class ProgressCallback(TrainerCallback):
     """One progress event per optimizer step.
 
@@ -89,6 +143,8 @@ class ProgressCallback(TrainerCallback):
         # counts `num_tokens` from 0 in each process, resumed or not.
         self.token_marks: deque[tuple[float, int]] = deque([(self.started, 0)], maxlen=RATE_WINDOW_STEPS + 1)
         self.gpu_memory: Optional[Callable[[], int]] = None
+        # Set by the recipe when the job evaluates and asks for eval_samples (eval_sample_count > 0).
+        self.eval_sampler: Optional[Callable[[Any, Any], list[dict[str, str]]]] = None
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.started = time.monotonic()
@@ -100,7 +156,7 @@ class ProgressCallback(TrainerCallback):
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         # Checked after every optimizer step: the trainer then logs this step,
         # saves a checkpoint (so the job can be resumed from here), and leaves its loop.
-        if self.stop.is_set():
+        if self.stop.stops_at(int(state.global_step)):
             control.should_training_stop = True
             control.should_save = True
 
@@ -115,7 +171,21 @@ class ProgressCallback(TrainerCallback):
         elif "eval_loss" in logs:
             if self.pending is not None and self.pending["step"] == int(state.global_step):
                 self.pending["eval_loss"] = float(logs["eval_loss"])
+                if self.eval_sampler is not None and getattr(state, "is_world_process_zero", True):
+                    self.pending["eval_samples"] = self._eval_samples(kwargs.get("model"), kwargs.get("processing_class"))
                 self._flush()
+
+    def _eval_samples(self, model: Any, tokenizer: Any) -> Optional[list[dict[str, str]]]:
+        """The sampler's answers; a failure to generate costs the samples (said once), never the job."""
+        if self.eval_sampler is None or model is None or tokenizer is None:
+            return None
+        try:
+            return self.eval_sampler(model, tokenizer)
+        except Exception as exc:  # noqa: BLE001 - training goes on without samples
+            text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            self.channel.warn(f"eval_samples: the model could not generate ({type(exc).__name__}: {text}); no more samples")
+            self.eval_sampler = None
+            return None
 
     def _check_divergence(self, logs: dict[str, Any], control: Any) -> None:
         """Stop training at the first NaN or infinite loss or gradient norm: every

@@ -10,10 +10,10 @@ import json
 import math
 import sys
 import threading
-from typing import IO, Any, Optional
+from typing import IO, Any, Optional, Union
 
 from finetune_studio.bounds import MAX_WARNING_CHARS, MAX_WARNINGS, bound_status, excerpt, fit, shrink
-from finetune_studio.schemas import ErrorCode, Phase
+from finetune_studio.schemas import ErrorCode, ExportPhase, Phase
 from finetune_studio.wire import MAX_MESSAGE_BYTES, STOP_COMMAND, Message, status_message
 
 
@@ -52,6 +52,12 @@ class StopSignal:
     def check(self) -> None:
         if self._event.is_set():
             raise StopRequested(self.reason)
+
+    def stops_at(self, step: int) -> bool:
+        """Whether training leaves its loop after optimizer step `step`. Here: whenever a
+        stop has arrived. Data-parallel workers (finetune_studio.ray_train) answer it
+        the same on every rank, since a rank that leaves alone hangs the others."""
+        return self.is_set()
 
     def listen(self, stream: IO[str]) -> threading.Thread:
         """Read commands from the server on a daemon thread."""
@@ -109,7 +115,7 @@ class Channel:
             self._more_warnings += 1
 
     def status(
-        self, phase: Phase, message: str, *, error: Optional[str] = None, details: Optional[dict[str, Any]] = None
+        self, phase: Union[Phase, ExportPhase], message: str, *, error: Optional[str] = None, details: Optional[dict[str, Any]] = None
     ) -> None:
         full = dict(details or {})
         if self.warnings:

@@ -110,7 +110,8 @@ class Recipe:
 
         self.enter("configuring", "Preparing the trainer")
         trainer = self.build_trainer(model, tokenizer, train_data, eval_data)
-        self.write_job_file(source)
+        if trainer.is_world_process_zero():  # data-parallel workers (Ray) share one job folder: one writes
+            self.write_job_file(source)
         self.stop.check()
 
         # The `training` status is sent by the callback once the trainer knows its steps.
@@ -316,7 +317,7 @@ class Recipe:
         from datasets import Dataset
         from trl import SFTConfig, SFTTrainer
 
-        from finetune_studio.training.callbacks import ProgressCallback
+        from finetune_studio.training.callbacks import EvalSampler, ProgressCallback, eval_prompts
 
         request = self.request
         cuda = torch.cuda.is_available()
@@ -396,6 +397,9 @@ class Recipe:
         )
         peft_config = self.lora_config() if self.method == "lora" else None
         self.progress_callback = ProgressCallback(self.channel, self.stop, self.start_training)
+        if eval_data is not None and request.eval_steps and request.eval_sample_count:
+            prompts = eval_prompts(tokenizer, eval_data.rows, request.eval_sample_count)
+            self.progress_callback.eval_sampler = EvalSampler(prompts)
         callbacks: list[Any] = [self.progress_callback]
         if request.early_stopping_patience is not None:
             from transformers import EarlyStoppingCallback
@@ -488,6 +492,8 @@ class Recipe:
     def save(self, trainer: Any, tokenizer: Any) -> None:
         """Write the adapter (or model) atomically: a folder appears complete or not at all."""
         final = self.folder.adapter if self.method == "lora" else self.folder.model
+        if not trainer.is_world_process_zero():  # data-parallel workers (Ray): rank 0 writes the result
+            return
         with save_atomically(final) as partial:
             trainer.model.save_pretrained(str(partial), safe_serialization=True)
             tokenizer.save_pretrained(str(partial))

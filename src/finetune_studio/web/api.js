@@ -47,6 +47,8 @@ export class ApiError extends Error {
 export function errorLines(status, body) {
   if (body && typeof body === "object") {
     if (typeof body.error === "string" && body.error) return [body.error];
+    // OpenAI's shape, under /v1/: {"error": {"message", "param", "code"}}
+    if (body.error && typeof body.error.message === "string") return [body.error.message];
     if (Array.isArray(body.detail)) {
       return body.detail.map((item) => {
         const loc = (item.loc || []).filter((part) => part !== "body").join(".");
@@ -66,13 +68,15 @@ export function invalidFields(body) {
   return body.detail.map((item) => (item.loc || [])[1]).filter((name) => typeof name === "string");
 }
 
+/** A request to the API: `body` goes as JSON, or as multipart when it is a FormData. */
 export async function api(path, { method = "GET", body, signal } = {}) {
   const headers = { Accept: "application/json", ...authHeaders() };
-  if (body !== undefined) headers["Content-Type"] = "application/json";
+  const multipart = body instanceof FormData;
+  if (body !== undefined && !multipart) headers["Content-Type"] = "application/json";
   const response = await fetch(path, {
     method,
     headers,
-    body: body === undefined ? undefined : JSON.stringify(body),
+    body: body === undefined || multipart ? body : JSON.stringify(body),
     signal,
     cache: "no-store",
   });
@@ -88,5 +92,7 @@ export async function api(path, { method = "GET", body, signal } = {}) {
     if (response.status === 401) window.dispatchEvent(new CustomEvent("studio:unauthorized"));
     throw new ApiError(response.status, parsed);
   }
+  // The OpenAPI document is open to all: only an API path's answer says the token is good.
+  if (!path.startsWith("openapi")) window.dispatchEvent(new CustomEvent("studio:authorized"));
   return parsed;
 }

@@ -7,19 +7,25 @@
 //   joblist.js   the list of runs
 //   jobview.js   the run shown: its feed (feed.js, sse.js, history.js) and parts
 //   chat.js      the chat with a run (chatlog.js, chatstream.js, conversations.js)
-//   form.js      the start form
+//   form.js      the start form (fields.js: every field of the request; upload.js: data files)
+//   runtools.js  a run's settings, Run again, Resume, Rename, Delete
 //   settings.js  the API token dialog
 //   probe.js     window.__studio, for tests and debugging
 
 import { ChatView } from "./chat.js";
-import { HistoryWriter, openHistory } from "./history.js";
+import { deleteJobHistory, HistoryWriter, openHistory } from "./history.js";
 import { StartForm } from "./form.js";
 import { JobsIndex } from "./jobs.js";
-import { renderJobList } from "./joblist.js";
+import { renderJobList, showMoreRuns } from "./joblist.js";
 import { JobView } from "./jobview.js";
 import { exposeProbe } from "./probe.js";
 import { currentRoute, goTo, replaceRoute } from "./route.js";
+import { RunTools } from "./runtools.js";
 import { setUpSettings } from "./settings.js";
+import { Uploads } from "./upload.js";
+
+// One column (phones, narrow windows): the form sits above the run's view.
+const ONE_COLUMN = "(max-width: 820px)";
 
 const SERVER_STATES = {
   ok: "Connected",
@@ -75,12 +81,41 @@ async function main() {
     view.retry();
   });
 
-  const form = new StartForm(document.getElementById("start-form"), {
-    onStarted: (jobId, body) => {
-      jobs.remember(jobId, { details: { model_name: body.model_name, project_name: body.project_name || "" } });
-      goTo(jobId);
-      jobs.refresh();
+  /** A run was queued (from the form, or Resume): show it, and on one column bring it into sight. */
+  function started(jobId, body) {
+    jobs.remember(jobId, { details: { model_name: body.model_name, project_name: body.project_name || "" } });
+    goTo(jobId);
+    jobs.refresh();
+    if (window.matchMedia(ONE_COLUMN).matches) {
+      requestAnimationFrame(() => document.getElementById("job-view").scrollIntoView({ block: "start" }));
+    }
+  }
+
+  const form = new StartForm(document.getElementById("start-form"), { onStarted: started });
+  const uploads = new Uploads(document.getElementById("start-form"));
+  view.tools = new RunTools(document.getElementById("job-view"), {
+    jobs,
+    form,
+    onStarted: started,
+    onDeleted: (jobId) => {
+      deleteJobHistory(jobId).catch((error) => console.warn("could not forget the run's history", error));
+      jobs.forget(jobId);
+      const next = jobs.list[0];
+      if (next) goTo(next.job_id);
+      else location.hash = "";
+      // The deleted run's controls are gone: the focus goes to the list of runs.
+      document.getElementById("jobs-title").focus();
+      document.getElementById("start-result").textContent = "";
+      document.getElementById("job-list").setAttribute("data-deleted", jobId);
     },
+  });
+
+  for (const id of ["job-search", "job-filter"]) {
+    document.getElementById(id).addEventListener("input", () => renderJobList(jobs, view.jobId || currentRoute().chat));
+  }
+  document.getElementById("more-runs").addEventListener("click", () => {
+    showMoreRuns();
+    renderJobList(jobs, view.jobId || currentRoute().chat);
   });
 
   window.addEventListener("hashchange", showRoute);
@@ -91,6 +126,7 @@ async function main() {
 
   showRoute();
   await form.load();
+  uploads.load();
   jobs.poll();
   document.body.dataset.ready = "true";
 }

@@ -1,12 +1,18 @@
-// The start form: defaults from the server's request model (/openapi.json), a
-// request body built from the fields, and the server's refusal shown beside it.
+// The start form: the whole training request (fields.js: the common fields first,
+// the rest under "Advanced"), with defaults from the server's request model
+// (/openapi.json) and from the machine (/system: no 4-bit loading or 8-bit
+// optimizer where CUDA cannot do them). Mistakes are shown beside their field, in
+// the field's words: a number field refuses letters as they are typed, and the
+// server's refusal (400 naming `field`, or 422 with `loc`) lands at the field too.
 
-import { api, ApiError, invalidFields } from "./api.js";
+import { api, ApiError } from "./api.js";
+import { BY_NAME, buildAdvanced, fieldLabel, fieldNamedIn, formatValue, inWords, parseValue } from "./fields.js";
 import { shortExp } from "./format.js";
 
-const INTEGER_FIELDS = ["num_epochs", "max_steps", "batch_size", "lora_r", "lora_alpha", "max_seq_length"];
 const REMEMBERED = ["model_name", "local_datasets", "format_type", "training_type"];
 const MEMORY_KEY = "finetune-studio.form";
+// Keys of a stored request that are the server's notes, never fields to send.
+const NOT_FIELDS = new Set(["withheld_secrets", "queued_warnings"]);
 
 // Identical to TrainingStartRequest in schemas.py; /openapi.json overrides them at load.
 const FALLBACK = {
@@ -22,19 +28,30 @@ const FALLBACK = {
   enums: {
     format_type: ["auto", "alpaca", "chatml", "sharegpt", "raw"],
     training_type: ["LoRA/QLoRA", "Full Finetuning", "Continued Pretraining"],
+    bad_rows: ["error", "skip"],
   },
   descriptions: {},
+  known: null, // the request model's field names (null: /openapi.json was not read)
 };
+
+/** A property's enum, also where pydantic writes an Optional[Literal] as anyOf. */
+function enumOf(prop) {
+  if (Array.isArray(prop.enum)) return prop.enum;
+  for (const option of prop.anyOf || []) if (Array.isArray(option.enum)) return option.enum;
+  return null;
+}
 
 async function requestModel() {
   const model = structuredClone(FALLBACK);
   try {
     const spec = await api("openapi.json");
     const schema = spec.components.schemas.TrainingStartRequest;
+    model.known = new Set(Object.keys(schema.properties));
     for (const [name, prop] of Object.entries(schema.properties)) {
       if ("default" in prop) model.defaults[name] = prop.default;
-      else if (name in model.defaults && !(schema.required || []).includes(name)) model.defaults[name] = null;
-      if (Array.isArray(prop.enum)) model.enums[name] = prop.enum;
+      else if (!(schema.required || []).includes(name)) model.defaults[name] = null;
+      const values = enumOf(prop);
+      if (values) model.enums[name] = values;
       if (prop.description) model.descriptions[name] = prop.description;
     }
   } catch (error) {
@@ -51,122 +68,299 @@ function remembered() {
   }
 }
 
+function gigabytes(bytes) {
+  return bytes ? `${(bytes / 1e9).toFixed(1)} GB memory` : "";
+}
+
 export class StartForm {
+  /** onStarted(jobId, body) after the server queued a run. */
   constructor(form, { onStarted }) {
     this.form = form;
     this.onStarted = onStarted;
     this.errorBox = form.querySelector("#start-error");
     this.resultBox = form.querySelector("#start-result");
     this.button = form.querySelector("[type=submit]");
+    this.advanced = form.querySelector("#advanced");
     this.model = FALLBACK;
+    this.system = null;
+    this.carried = {}; // fields of a run shown again that the form has no field for
     this.busy = false;
     form.addEventListener("submit", (event) => {
       event.preventDefault();
       this.submit();
     });
-    // Enter submits from any field; in the dataset list it makes a new line, and
+    // Enter submits from any field; in a list of paths it makes a new line, and
     // Ctrl+Enter (or Cmd+Enter) submits.
-    form.elements.local_datasets.addEventListener("keydown", (event) => {
-      if (event.key === "Enter" && (event.ctrlKey || event.metaKey)) {
+    form.addEventListener("keydown", (event) => {
+      if (event.target.tagName === "TEXTAREA" && event.key === "Enter" && (event.ctrlKey || event.metaKey)) {
         event.preventDefault();
         form.requestSubmit();
       }
     });
-    form.addEventListener("input", (event) => event.target.removeAttribute("aria-invalid"));
+    // A number field says at once when its text is no number; other fields forget their error when edited.
+    form.addEventListener("input", (event) => {
+      const field = BY_NAME.get(event.target.name);
+      if (field && (field.kind === "int" || field.kind === "float")) {
+        const { error } = parseValue(field, event.target.value);
+        if (error) this.setFieldError(field.name, error);
+        else this.setFieldError(field.name, null);
+      } else if (event.target.name) {
+        this.setFieldError(event.target.name, null);
+      }
+    });
+    form.addEventListener("change", (event) => {
+      if (event.target.name === "training_method") this.showMethodFields();
+    });
     form.querySelector("#reset-form").addEventListener("click", () => this.fill(true));
   }
 
   async load() {
-    this.model = await requestModel();
-    for (const name of ["format_type", "training_type"]) {
+    const [model, system] = await Promise.all([
+      requestModel(),
+      api("system").catch(() => null), // 401 before a token is entered: defaults without it
+    ]);
+    this.model = model;
+    this.system = system;
+    buildAdvanced(this.form.querySelector("#advanced-fields"), model.known, model.enums);
+    const method = this.form.querySelector("[data-field=training_method]");
+    method.hidden = !(model.known && model.known.has("training_method") && model.enums.training_method);
+    for (const name of ["format_type", "training_type", "training_method"]) {
       const select = this.form.elements[name];
-      select.replaceChildren(...this.model.enums[name].map((value) => new Option(value, value)));
+      const values = model.enums[name] || [];
+      select.replaceChildren(...values.map((value) => new Option(value, value)));
     }
-    for (const [name, text] of Object.entries(this.model.descriptions)) {
+    for (const [name, text] of Object.entries(model.descriptions)) {
       const field = this.form.elements[name];
-      if (field && !field.title) field.title = text;
+      if (field && field.title === "" && !(field instanceof RadioNodeList)) field.title = text;
     }
+    this.renderSystem();
     this.fill(false);
+  }
+
+  /** The machine in one line, and why 4-bit loading and the 8-bit optimizer are off. */
+  renderSystem() {
+    const note = this.form.querySelector("#system-note");
+    const s = this.system;
+    if (!s) {
+      note.hidden = true;
+      return;
+    }
+    const gpu = s.cuda ? `${s.gpus.length || 1} CUDA GPU${s.gpus.length > 1 ? "s" : ""} (${s.torch_cuda})` : "no CUDA GPU";
+    const parts = [`${s.cpu_count} CPU${s.cpu_count === 1 ? "" : "s"}`, gigabytes(s.memory_bytes), gpu].filter(Boolean);
+    let text = `This server: ${parts.join(", ")}.`;
+    if (!s.recommended.load_in_4bit) {
+      text += s.cuda
+        ? " bitsandbytes is not installed, so 4-bit loading and the 8-bit optimizer are off."
+        : " 4-bit loading and the 8-bit optimizer need CUDA, so they are off.";
+    }
+    note.textContent = text;
+    note.hidden = false;
+  }
+
+  /** The form's fields, as fields.js describes them. */
+  fields() {
+    return [...BY_NAME.values()].filter((field) => this.form.elements[field.name]);
+  }
+
+  /** The default of a field here: the request model's, then what suits this machine. */
+  defaultOf(name) {
+    const recommended = this.system ? this.system.recommended : null;
+    if (recommended && name in recommended) return recommended[name];
+    if (name in this.model.defaults) return this.model.defaults[name];
+    const values = this.model.enums[name];
+    return values ? values[0] : null;
+  }
+
+  setValue(field, value) {
+    const input = this.form.elements[field.name];
+    if (field.kind === "bool") input.checked = Boolean(value);
+    else if (field.kind === "select") input.value = value ?? input.options[0]?.value ?? "";
+    else input.value = formatValue(field, value, shortExp);
   }
 
   /** Put the defaults in; unless `reset`, restore what was used last for model and data. */
   fill(reset) {
-    const { defaults, enums } = this.model;
-    const el = this.form.elements;
-    el.model_name.value = "";
-    el.local_datasets.value = "";
-    el.project_name.value = "";
-    el.format_type.value = enums.format_type[0];
-    el.training_type.value = enums.training_type[0];
-    for (const name of INTEGER_FIELDS) el[name].value = defaults[name] ?? "";
-    el.learning_rate.value = shortExp(defaults.learning_rate);
+    for (const field of this.fields()) {
+      if (field.kind === "secret" || field.name === "model_name" || field.name === "local_datasets") {
+        this.form.elements[field.name].value = "";
+      } else {
+        this.setValue(field, this.defaultOf(field.name));
+      }
+    }
     if (!reset) {
       const last = remembered();
-      for (const name of REMEMBERED) if (typeof last[name] === "string") el[name].value = last[name];
+      for (const name of REMEMBERED) if (typeof last[name] === "string") this.form.elements[name].value = last[name];
     }
+    this.carried = {};
+    this.advanced.open = false;
+    this.showMethodFields();
     this.clearMessages();
+  }
+
+  /**
+   * Fill the form with a run's request (Run again): every field the form has, and
+   * the rest kept to be sent as they were. `note` says where it came from.
+   */
+  fillFrom(request, { note = "", secrets = [] } = {}) {
+    this.fill(true);
+    const fields = this.fields();
+    const names = new Set(fields.map((field) => field.name));
+    let advanced = false;
+    for (const field of fields) {
+      if (!(field.name in request)) continue;
+      this.setValue(field, request[field.name]);
+      const value = request[field.name];
+      const fallback = this.defaultOf(field.name);
+      if (!field.common && JSON.stringify(value ?? null) !== JSON.stringify(fallback ?? null)) advanced = true;
+    }
+    this.carried = Object.fromEntries(
+      Object.entries(request).filter(([name, value]) => !names.has(name) && !NOT_FIELDS.has(name) && value !== undefined),
+    );
+    this.advanced.open = advanced;
+    this.showMethodFields();
+    const lines = [note];
+    if (secrets.length) lines.push(`Enter ${secrets.map(fieldLabel).join(" and ")} again: secrets are never stored.`);
+    this.resultBox.textContent = lines.filter(Boolean).join(" ");
+    this.form.scrollIntoView({ block: "start" });
+    this.form.elements.model_name.focus({ preventScroll: true });
+  }
+
+  /** Show the method fields of the chosen method only. */
+  showMethodFields() {
+    const method = this.form.elements.training_method ? this.form.elements.training_method.value : "";
+    for (const wrap of this.form.querySelectorAll("[data-methods]")) {
+      wrap.hidden = !wrap.dataset.methods.split(" ").includes(method);
+    }
+  }
+
+  isShown(name) {
+    const wrap = this.form.querySelector(`[data-field="${name}"]`);
+    return !wrap || !wrap.hidden;
   }
 
   clearMessages() {
     this.errorBox.hidden = true;
     this.errorBox.replaceChildren();
     this.resultBox.textContent = "";
-    for (const field of this.form.elements) field.removeAttribute?.("aria-invalid");
+    for (const name of BY_NAME.keys()) this.setFieldError(name, null);
   }
 
-  /** The request body; throws {field, message} for what cannot be sent at all. */
-  body() {
-    const el = this.form.elements;
-    const body = {
-      model_name: el.model_name.value.trim(),
-      training_type: el.training_type.value,
-      format_type: el.format_type.value,
-      local_datasets: el.local_datasets.value.split(/\r?\n/).map((line) => line.trim()).filter(Boolean),
-    };
-    if (!body.model_name) throw { field: "model_name", message: "model_name: name a model folder, a .gguf file or a hub id" };
-    for (const name of INTEGER_FIELDS) {
-      const input = el[name];
-      if (input.validity.badInput) throw { field: name, message: `${name}: enter a whole number` };
-      const text = input.value.trim();
-      if (text === "") continue; // the server's default
-      const number = Number(text);
-      body[name] = Number.isFinite(number) ? number : text;
+  /** Show `message` beside the field `name` (null clears it), and mark the field. */
+  setFieldError(name, message) {
+    const input = this.form.elements[name];
+    if (!input || input instanceof RadioNodeList) return;
+    const wrap = input.closest(".field");
+    let box = wrap.querySelector(":scope > .field-error");
+    if (!message) {
+      if (box) box.hidden = true;
+      input.removeAttribute("aria-invalid");
+      return;
     }
-    const lr = el.learning_rate.value.trim();
-    if (lr) body.learning_rate = lr; // a string, as the Studio sends it; the server parses it
-    const label = el.project_name.value.trim();
-    if (label) body.project_name = label;
-    return body;
+    if (!box) {
+      box = document.createElement("small");
+      box.className = "field-error";
+      box.id = `error-${name}`;
+      box.dataset.testid = `error-${name}`;
+      // After the control (and its hint): read out with the field.
+      input.after(box);
+      const described = (input.getAttribute("aria-describedby") || "").split(" ").filter(Boolean);
+      input.setAttribute("aria-describedby", [box.id, ...described].join(" "));
+    }
+    box.textContent = message;
+    box.hidden = false;
+    input.setAttribute("aria-invalid", "true");
+    if (wrap.closest("#advanced")) this.advanced.open = true;
   }
 
-  showError(heading, lines, fields = []) {
+  /** The request body, or the problems found without asking the server ([{field, message}]). */
+  body() {
+    const body = {};
+    const problems = [];
+    for (const field of this.fields()) {
+      if (!this.isShown(field.name)) continue;
+      const input = this.form.elements[field.name];
+      if (field.kind === "bool") {
+        body[field.name] = input.checked;
+        continue;
+      }
+      if (field.kind === "select") {
+        if (input.value) body[field.name] = input.value;
+        continue;
+      }
+      const { value, error } = parseValue(field, input.value);
+      if (error) problems.push({ field: field.name, message: error });
+      else if (value !== undefined) body[field.name] = value;
+    }
+    if (!body.model_name) problems.push({ field: "model_name", message: "name a model folder, a .gguf file or a hub id" });
+    if (!(body.local_datasets || []).length && !body.hf_dataset) {
+      problems.push({ field: "local_datasets", message: "name at least one dataset file, upload one, or give a hub dataset under Advanced" });
+    }
+    for (const [name, value] of Object.entries(this.carried)) if (!(name in body)) body[name] = value;
+    return { body, problems };
+  }
+
+  /**
+   * Show problems: each beside its field (in the field's words), and a summary under
+   * the button that names them; problems without a field appear in the summary alone.
+   */
+  showProblems(heading, problems) {
     const title = document.createElement("strong");
     title.textContent = heading;
     const list = document.createElement("ul");
-    for (const line of lines) {
+    for (const { field, message } of problems) {
       const item = document.createElement("li");
-      item.textContent = line;
+      if (field && this.form.elements[field]) {
+        this.setFieldError(field, message);
+        const link = document.createElement("a");
+        link.href = `#f-${field}`;
+        link.textContent = fieldLabel(field);
+        link.addEventListener("click", (event) => {
+          event.preventDefault();
+          this.form.elements[field].focus();
+        });
+        item.append(link, `: ${message}`);
+      } else {
+        item.textContent = message;
+      }
       list.append(item);
     }
     this.errorBox.replaceChildren(title, list);
     this.errorBox.hidden = false;
-    this.errorBox.scrollIntoView({ block: "nearest" });
-    for (const name of fields) this.form.elements[name]?.setAttribute("aria-invalid", "true");
+  }
+
+  /** The server's refusal as problems at fields: a 400's `field`, a 422's `loc`, or a field its text names. */
+  problemsOf(error) {
+    const body = error.body && typeof error.body === "object" ? error.body : {};
+    if (Array.isArray(body.detail)) {
+      return body.detail.map((item) => {
+        const loc = (item.loc || []).filter((part) => part !== "body");
+        let message = String(item.msg || "invalid").replace(/^Value error, /, "");
+        let field = typeof loc[0] === "string" && this.form.elements[loc[0]] ? loc[0] : null;
+        field ||= fieldNamedIn(message);
+        if (field && !this.form.elements[field]) field = null;
+        if (field) message = message.replace(new RegExp(`^${field}: `), "");
+        const where = loc.length > 1 ? ` (${loc.slice(1).join(".")})` : "";
+        return { field, message: inWords(message) + where };
+      });
+    }
+    const text = typeof body.error === "string" ? body.error : error.lines.join(" ");
+    let field = typeof body.field === "string" ? body.field : fieldNamedIn(text);
+    if (field && !this.form.elements[field]) field = null;
+    const message = field ? text.replace(new RegExp(`^${field}: `), "") : text;
+    return [{ field, message: inWords(message) }];
   }
 
   async submit() {
     if (this.busy) return;
     this.clearMessages();
-    let body;
-    try {
-      body = this.body();
-    } catch (problem) {
-      this.showError("Check the form", [problem.message], [problem.field]);
-      this.form.elements[problem.field]?.focus();
+    const { body, problems } = this.body();
+    if (problems.length) {
+      this.showProblems(problems.length === 1 ? "Check this field" : `Check these ${problems.length} fields`, problems);
+      this.form.elements[problems[0].field].focus();
       return;
     }
     this.busy = true;
-    this.button.disabled = true;
+    this.button.setAttribute("aria-disabled", "true");
     this.button.textContent = "Starting…";
     try {
       const answer = await api("train/start", { method: "POST", body });
@@ -177,23 +371,26 @@ export class StartForm {
       } catch {
         // storage blocked: nothing to remember
       }
+      for (const input of this.form.querySelectorAll("input[type=password]")) input.value = "";
       this.resultBox.textContent = answer.message || `Queued ${answer.job_id}`;
       this.onStarted(answer.job_id, body);
     } catch (error) {
-      if (error instanceof ApiError) {
-        const heading =
-          error.status === 401
-            ? "The server wants an API token (Settings)"
-            : error.status === 422
-              ? "The server rejected these settings (HTTP 422)"
-              : `The server refused to start this run (HTTP ${error.status})`;
-        this.showError(heading, error.lines, invalidFields(error.body));
+      if (error instanceof ApiError && error.status === 401) {
+        this.showProblems("The server wants an API token", [
+          { field: null, message: "Open Settings (top right) and enter the token the server was started with." },
+        ]);
+      } else if (error instanceof ApiError) {
+        const problems = this.problemsOf(error);
+        const heading = error.status === 422 ? "The server cannot use these settings" : "The server refused to start this run";
+        this.showProblems(heading, problems);
+        const first = problems.find((problem) => problem.field);
+        if (first) this.form.elements[first.field].focus();
       } else {
-        this.showError("Could not reach the server", [String(error.message || error)]);
+        this.showProblems("Could not reach the server", [{ field: null, message: String(error.message || error) }]);
       }
     } finally {
       this.busy = false;
-      this.button.disabled = false;
+      this.button.removeAttribute("aria-disabled");
       this.button.textContent = "Start training";
     }
   }

@@ -34,6 +34,7 @@ const ERROR_CODES = {
   export_tools_missing: "llama.cpp's tools are not installed: install finetune-studio[gguf]",
   worker_died: "The training process ended unexpectedly",
   worker_failed_to_start: "The training process could not start",
+  cluster_unavailable: "The Ray cluster could not be reached: check the server's --ray-address",
   server_restarted: "The server restarted while this run was going; its checkpoints are kept",
   internal_error: "The server failed while running this job: see its log",
 };

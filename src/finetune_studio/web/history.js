@@ -43,6 +43,13 @@ export async function loadEvents(jobId) {
   return events;
 }
 
+/** Forget one job's events (the job was deleted on the server). */
+export async function deleteJobHistory(jobId) {
+  const db = await openHistory();
+  if (!db) return;
+  await db.delete(EVENTS, jobRange(jobId));
+}
+
 export async function clearHistory() {
   const db = await openHistory();
   if (!db) return;

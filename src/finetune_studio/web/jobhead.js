@@ -28,7 +28,13 @@ export function renderHeader(root, feed, jobs) {
   const listed = jobs.statusOf(feed.jobId);
   const position = listed && listed.phase === "idle" && listed.details ? listed.details.queue_position : null;
   if (phase === "idle" && position) message = `Waiting in the queue: position ${position}`;
-  root.querySelector("#job-message").textContent = message;
+  const messageBox = root.querySelector("#job-message");
+  if (messageBox.textContent !== message) {
+    messageBox.textContent = message;
+    messageBox.title = message; // cut to one line: the whole text on hover
+  }
+  const title = root.querySelector("#job-title");
+  title.title = title.textContent;
   root.dataset.phase = phase;
 
   const chat = root.querySelector("#chat-link");

@@ -1,16 +1,56 @@
-// The list of runs in the sidebar card: one link per job, newest first, with its
-// phase, name, id and latest message (or its place in the queue).
+// The list of runs: one link per job, newest first, with its phase, name, id and
+// latest message (or its place in the queue); searched by text and filtered by
+// phase; it grows with the page, PAGE runs at a time.
 
 import { routeHash } from "./route.js";
 import * as fmt from "./format.js";
 
+const PAGE = 50;
+let shownCount = PAGE;
+
+/** Show PAGE more runs. */
+export function showMoreRuns() {
+  shownCount += PAGE;
+}
+
+function matches(jobs, status, text, phase) {
+  if (phase === "running" && (fmt.TERMINAL.has(status.phase) || status.phase === "idle")) return false;
+  if (phase && phase !== "running" && status.phase !== phase) return false;
+  if (!text) return true;
+  const { model_name, project_name } = jobs.meta(status.job_id);
+  const haystack = [status.job_id, model_name, project_name, status.message, status.error, fmt.phaseLabel(status.phase)]
+    .join(" ")
+    .toLowerCase();
+  return text.split(/\s+/).every((word) => haystack.includes(word));
+}
+
+function emptyText(jobs, filtered) {
+  if (jobs.state === "unauthorized") {
+    return "This server wants an API token: its runs are shown once the token is entered in Settings (top right).";
+  }
+  if (!jobs.loaded) return jobs.state === "down" ? "The server cannot be reached: runs are shown once it answers." : "Loading runs…";
+  if (filtered) return "No run matches the search.";
+  return "No runs yet. Fill in the form and press Enter.";
+}
+
 /** Draw `jobs.list` (a JobsIndex) into #job-list, marking `selectedId` as the current run. */
 export function renderJobList(jobs, selectedId) {
   const list = document.getElementById("job-list");
-  document.getElementById("jobs-empty").hidden = jobs.list.length > 0;
-  document.getElementById("jobs-count").textContent = jobs.list.length ? String(jobs.list.length) : "";
+  const text = document.getElementById("job-search").value.trim().toLowerCase();
+  const phase = document.getElementById("job-filter").value;
+  const wanted = jobs.list.filter((status) => matches(jobs, status, text, phase));
+  const empty = document.getElementById("jobs-empty");
+  empty.hidden = wanted.length > 0;
+  empty.dataset.state = jobs.state;
+  const message = emptyText(jobs, jobs.list.length > 0);
+  if (empty.textContent !== message) empty.textContent = message;
+  const count = wanted.length === jobs.list.length ? String(jobs.list.length) : `${wanted.length} of ${jobs.list.length}`;
+  document.getElementById("jobs-count").textContent = jobs.list.length ? count : "";
+  const more = document.getElementById("more-runs");
+  more.hidden = wanted.length <= shownCount;
+  more.textContent = `Show more runs (${wanted.length - Math.min(shownCount, wanted.length)} more)`;
   const existing = new Map([...list.children].map((li) => [li.dataset.jobId, li]));
-  const items = jobs.list.map((status) => {
+  const items = wanted.slice(0, shownCount).map((status) => {
     let li = existing.get(status.job_id);
     if (!li) {
       li = document.createElement("li");
@@ -36,6 +76,8 @@ export function renderJobList(jobs, selectedId) {
     const position = status.phase === "idle" && status.details ? status.details.queue_position : null;
     const msg = a.querySelector(".job-msg");
     msg.textContent = position ? `#${position} in queue` : status.error || status.message;
+    // Long names and messages are cut to fit: the whole text on hover.
+    a.title = `${a.querySelector(".job-name").textContent || status.job_id} · ${fmt.phaseLabel(status.phase)}: ${msg.textContent}`;
     msg.dataset.testid = position ? "queue-position" : "job-message";
     drawSparkline(a, status.details && status.details.summary ? status.details.summary.loss_sparkline : null);
     return li;

@@ -27,6 +27,8 @@ export class JobsIndex {
     this.onUpdate = onUpdate;
     this.onServerState = onServerState;
     this.timer = null;
+    this.loaded = false; // the server answered with its list at least once (since the last 401)
+    this.state = "unknown"; // "ok" | "unauthorized" | "down", as onServerState was told
     this.inFlight = null;
     try {
       this.names = JSON.parse(localStorage.getItem(NAMES_KEY) || "{}");
@@ -52,13 +54,41 @@ export class JobsIndex {
     }
   }
 
+  /** A new label, from a rename here: it replaces the one kept. */
+  rename(jobId, projectName) {
+    const known = this.names[jobId] || { model_name: this.meta(jobId).model_name, project_name: "" };
+    this.names[jobId] = { ...known, project_name: projectName };
+    const listed = this.byId.get(jobId);
+    if (listed) listed.details = { ...(listed.details || {}), project_name: projectName };
+    this.save();
+    this.onUpdate();
+  }
+
+  /** A job deleted on the server: gone from the list and the names. */
+  forget(jobId) {
+    delete this.names[jobId];
+    this.list = this.list.filter((status) => status.job_id !== jobId);
+    this.byId.delete(jobId);
+    this.save();
+    this.onUpdate();
+  }
+
+  save() {
+    try {
+      localStorage.setItem(NAMES_KEY, JSON.stringify(this.names));
+    } catch {
+      // storage blocked
+    }
+  }
+
   meta(jobId) {
     const listed = this.byId.get(jobId);
     const details = (listed && listed.details) || {};
     const known = this.names[jobId] || {};
     return {
       model_name: details.model_name || known.model_name || "",
-      project_name: details.project_name || known.project_name || "",
+      // The list carries the current label (null: none); a rename changes it.
+      project_name: "project_name" in details ? details.project_name || "" : known.project_name || "",
     };
   }
 
@@ -81,10 +111,21 @@ export class JobsIndex {
         this.list = answer.data;
         this.byId = new Map(this.list.map((s) => [s.job_id, s]));
         for (const status of this.list) this.remember(status.job_id, status);
+        this.loaded = true;
+        this.state = "ok";
         this.onServerState("ok");
         this.onUpdate();
       } catch (error) {
-        this.onServerState(error instanceof ApiError && error.status === 401 ? "unauthorized" : "down");
+        const refused = error instanceof ApiError && error.status === 401;
+        this.state = refused ? "unauthorized" : "down";
+        if (refused) {
+          // With no valid token the server shows nothing: the list must not claim "no runs".
+          this.loaded = false;
+          this.list = [];
+          this.byId = new Map();
+          this.onUpdate();
+        }
+        this.onServerState(refused ? "unauthorized" : "down");
       } finally {
         this.inFlight = null;
       }

@@ -18,6 +18,7 @@ import { TERMINAL } from "./format.js";
 export class JobView {
   constructor(root, { writer, jobs }) {
     this.root = root;
+    this.tools = null; // the RunTools (runtools.js), attached by the app once the form exists
     this.writer = writer;
     this.jobs = jobs; // the JobsIndex: latest statuses from /train/jobs, names
     this.feed = null;
@@ -46,6 +47,7 @@ export class JobView {
       this.stopping = false;
       this.stopError = null;
       this.feed = this.openFeed(jobId);
+      if (this.tools) this.tools.show(jobId);
     }
     const wanted = compareId && compareId !== jobId ? compareId : null;
     if ((this.compare ? this.compare.jobId : null) !== wanted) {
@@ -100,7 +102,7 @@ export class JobView {
 
   async stop() {
     const feed = this.feed;
-    if (!feed || feed.finished) return;
+    if (!feed || feed.finished || this.stopButton.getAttribute("aria-disabled") === "true") return;
     this.stopping = true;
     this.stopError = null;
     this.render();
@@ -127,7 +129,10 @@ export class JobView {
 
     const phase = phaseOf(feed, this.jobs);
     const finished = TERMINAL.has(phase);
-    this.stopButton.disabled = finished || this.stopping || !phase;
+    // aria-disabled rather than disabled: the focus stays on Stop when it turns off.
+    if (finished || this.stopping || !phase) this.stopButton.setAttribute("aria-disabled", "true");
+    else this.stopButton.removeAttribute("aria-disabled");
     this.stopButton.textContent = this.stopping && !finished ? "Stopping…" : "Stop";
+    if (this.tools) this.tools.render(feed.status || this.jobs.statusOf(feed.jobId), phase);
   }
 }

@@ -6,6 +6,16 @@
 
 import * as fmt from "./format.js";
 
+// Each node's state in words, for screen readers (on screen it is the dot's colour and mark).
+const STATE_WORDS = {
+  done: "done",
+  current: "in progress",
+  failed: "failed here",
+  stopped: "stopped here",
+  skipped: "skipped",
+  pending: "not reached yet",
+};
+
 /**
  * How long each phase took, in seconds: from its first status event to the next
  * phase's. The phase still running counts up to `now` and is marked `running`.
@@ -49,7 +59,11 @@ export class PhaseTimeline {
       const took = document.createElement("span");
       took.className = "took";
       took.dataset.testid = "phase-took";
-      li.append(dot, label, took);
+      const words = document.createElement("span");
+      words.className = "visually-hidden state-words";
+      words.dataset.testid = "phase-state";
+      words.textContent = `: ${STATE_WORDS.pending}`;
+      li.append(dot, label, words, took);
       return li;
     });
     list.replaceChildren(...nodes);
@@ -75,6 +89,9 @@ export class PhaseTimeline {
         else state = terminal ? "skipped" : "pending";
       }
       li.dataset.state = state;
+      const words = li.querySelector(".state-words");
+      const said = `: ${STATE_WORDS[state]}`;
+      if (words.textContent !== said) words.textContent = said;
       if (state === "current") li.setAttribute("aria-current", "step");
       else li.removeAttribute("aria-current");
     }

@@ -1,16 +1,20 @@
-"""The training routes of DESIGN.md section 2: start, status, progress, stream, stop, jobs."""
+"""The training routes of DESIGN.md section 2: start, status, progress, stream, stop, jobs;
+and one job's request (GET), rename (PATCH) and delete (DELETE) under /train/jobs/{id}."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Annotated, Any, Optional, Union
 
 from fastapi import APIRouter, Header, Query, Request, Response, status
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
 
 from finetune_studio.api.admission import check_start
-from finetune_studio.api.deps import JobDep, StudioDep, studio_of
-from finetune_studio.api.streaming import BoundedEventStream
-from finetune_studio.errors import PastLastEvent
+from finetune_studio.api.deps import JobDep, Studio, StudioDep, studio_of
+from finetune_studio.api.job_stream import open_event_stream
+from finetune_studio.errors import StudioError
+from finetune_studio.jobs.store import JobRecord
 from finetune_studio.schemas import (
     QUEUED_WARNINGS,
     SECRET_FIELDS,
@@ -40,20 +44,29 @@ _MAX_EVENT_ID = 2**63 - 1
 @router.post("/start", responses=_REFUSED)
 async def start_training(request: TrainingStartRequest, studio: StudioDep) -> TrainingJobResponse:
     """Queue a training job. It runs when the jobs before it have finished."""
+    queued = len(studio.supervisor.queue_positions())
+    job = queue_training(studio, request)
+    return TrainingJobResponse(job_id=job.id, status="queued", message=f"Job {job.id} queued at position {queued + 1}")
+
+
+def queue_training(studio: Studio, request: TrainingStartRequest, extra: Optional[dict[str, Any]] = None) -> JobRecord:
+    """Admit a training request and queue it: the one way a training job is created
+    (POST /train/start; POST /v1/fine_tuning/jobs, which keeps OpenAI's own fields in
+    `extra`, stored beside the request's)."""
     service, supervisor = studio.service, studio.supervisor
-    queued = len(supervisor.queue_positions())
-    check_start(request, studio.settings, queued=queued)
+    check_start(request, studio.settings, queued=len(supervisor.queue_positions()))
     stored = request.redacted()
     secrets = {name: value for name in SECRET_FIELDS if (value := getattr(request, name))}
     stored[WITHHELD_SECRETS] = sorted(secrets)
     warning = request.ignored_fields_warning()
     stored[QUEUED_WARNINGS] = [warning] if warning else []
+    stored.update(extra or {})
     details: dict[str, Any] = {"model_name": request.model_name, "project_name": request.project_name}
     if warning:
         details["warnings"] = [warning]
     job = service.create_job(stored, message="Queued", details=details)
     supervisor.submit(job.id, secrets)
-    return TrainingJobResponse(job_id=job.id, status="queued", message=f"Job {job.id} queued at position {queued + 1}")
+    return job
 
 
 @router.get("/status/{job_id}", response_model=TrainingStatus, responses=_NOT_FOUND)
@@ -63,7 +76,7 @@ async def training_status(job_id: str, request: Request) -> Response:
     # (it was validated when written); only a queued job's answer is built, to add
     # its place in the queue.
     studio = studio_of(request)
-    phase, status_json = studio.service.store.status_json(job_id)
+    phase, status_json = studio.service.store.status_json(job_id, kind="train")
     if phase == "idle":
         job = studio.service.store.get_job(job_id)
         status_json = studio.service.status_of(job, studio.supervisor.queue_positions().get(job_id)).model_dump_json()
@@ -114,7 +127,6 @@ _FULL: Responses = {
         "description": "The job has as many open streams as the server allows (max_streams_per_job); see Retry-After"
     }
 }
-_STREAM_RETRY_SECONDS = 5
 
 
 @router.get(
@@ -137,30 +149,7 @@ async def training_stream(
     reading is dropped after `stream_stall_seconds` (it reconnects with
     Last-Event-ID); a job holds at most `max_streams_per_job` streams (503 beyond).
     """
-    after = max(last_event_id_header or 0, last_event_id or 0)
-    if after > job.last_event_id:
-        # Event ids only grow, one at a time: a cursor past the last one was never
-        # given out by this server (another server's, or a replaced data dir). Said at
-        # once, rather than keep-alives until the job ends and nothing ever arrives.
-        raise PastLastEvent(job.id, after, job.last_event_id)
-    service, limit = studio.service, studio.settings.max_streams_per_job
-    if not service.open_reader(job.id, limit):
-        return JSONResponse(
-            {
-                "detail": f"job {job.id} has {limit} open streams, this server's limit per job; try again shortly"
-                f" (or poll GET /train/status/{job.id}). The operator sets the limit with"
-                " FINETUNE_STUDIO_MAX_STREAMS_PER_JOB"
-            },
-            status_code=status.HTTP_503_SERVICE_UNAVAILABLE,
-            headers={"Retry-After": str(_STREAM_RETRY_SECONDS)},
-        )
-    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-    return BoundedEventStream(
-        service.stream(job.id, after),
-        stall_seconds=studio.settings.stream_stall_seconds,
-        on_close=lambda: service.close_reader(job.id),
-        headers=headers,
-    )
+    return open_event_stream(job, studio, last_event_id_header, last_event_id, f"/train/status/{job.id}")
 
 
 @router.post("/stop/{job_id}", responses={**_NOT_FOUND, status.HTTP_409_CONFLICT: {"description": "The job has finished"}})
@@ -175,6 +164,69 @@ async def list_jobs(studio: StudioDep) -> JobList:
     positions = studio.supervisor.queue_positions()
     # A training job's summary so far is read here (one query); a finished job's is stored.
     data = [
-        studio.service.status_of(job, positions.get(job.id), with_summary=True) for job in studio.service.store.list_jobs()
+        studio.service.status_of(job, positions.get(job.id), with_summary=True, with_names=True)
+        for job in studio.service.store.list_jobs()
     ]
     return JobList(data=data, count=len(data))
+
+
+class JobDetail(BaseModel):
+    """One training job: its current status and the request it was started with."""
+
+    job_id: str
+    status: TrainingStatus
+    request: dict[str, Any] = Field(
+        description="The request as stored: every field of TrainingStartRequest, secrets left out."
+    )
+    withheld_secrets: list[str] = Field(description="Secrets the request carried, never stored: send them again.")
+
+
+class JobPatch(BaseModel):
+    """What may change in a job once it is queued: its label."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    project_name: Optional[str] = Field(max_length=200, description="The job's label; null or \"\" removes it.")
+
+
+_TRAIN_JOB: Responses = {**_NOT_FOUND}
+_NOT_FINISHED: Responses = {status.HTTP_409_CONFLICT: {"description": "The job is queued or running: stop it first"}}
+
+
+def _detail(job: JobRecord, studio: Studio) -> JobDetail:
+    request = {k: v for k, v in job.request.items() if k not in (WITHHELD_SECRETS, QUEUED_WARNINGS)}
+    position = studio.supervisor.queue_positions().get(job.id)
+    return JobDetail(
+        job_id=job.id,
+        status=studio.service.status_of(job, position, with_names=True),
+        request=request,
+        withheld_secrets=list(job.request.get(WITHHELD_SECRETS) or []),
+    )
+
+
+@router.get("/jobs/{job_id}", responses=_TRAIN_JOB)
+async def get_job(job_id: str, studio: StudioDep) -> JobDetail:
+    """A training job's status and its full request (to show its settings, or run it again)."""
+    return _detail(studio.service.store.get_job(job_id, kind="train"), studio)
+
+
+@router.patch("/jobs/{job_id}", responses=_TRAIN_JOB)
+async def patch_job(job_id: str, patch: JobPatch, studio: StudioDep) -> JobDetail:
+    """Rename a job (`project_name`), in any phase."""
+    label = patch.project_name.strip() if patch.project_name else None
+    return _detail(studio.service.rename(job_id, label), studio)
+
+
+@router.delete(
+    "/jobs/{job_id}", status_code=status.HTTP_204_NO_CONTENT, responses={**_TRAIN_JOB, **_NOT_FINISHED}
+)
+async def delete_job(job_id: str, studio: StudioDep) -> Response:
+    """Delete a finished job: its events, its folder (checkpoints, adapter, logs), its
+    exports and their files; chat lets go of its model. 409 while it is queued or running."""
+    folders = studio.service.delete_job(job_id)
+    # The chat child may hold this job's adapter: it lets go of its models (a later chat loads them again).
+    await studio.inference.unload()
+    problems = await asyncio.to_thread(studio.service.remove_folders, folders)
+    if problems:
+        raise StudioError(f"job {job_id} was deleted, but some of its files could not be removed: {'; '.join(problems)}")
+    return Response(status_code=status.HTTP_204_NO_CONTENT)

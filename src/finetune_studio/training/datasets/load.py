@@ -43,6 +43,7 @@ from finetune_studio.training.datasets.errors import (
 )
 from finetune_studio.training.datasets.files import TEXT_SUFFIX, Record, read_records
 from finetune_studio.training.datasets.hub import HubSplit, open_hf_dataset
+from finetune_studio.training.datasets.methods import COLUMNS, METHOD_SHAPES, finish, method_converter, reward_columns
 from finetune_studio.training.datasets.shapes import (
     CUSTOM,
     Converter,
@@ -86,7 +87,13 @@ def load_training_data(request: TrainingStartRequest) -> LoadedData:
         raise config_error("no training data: set local_datasets (a list of files) or hf_dataset")
     start, end = request.dataset_slice_start, request.dataset_slice_end
     sliced = start is not None or end is not None
-    reader = _Reader(request.format_type, request.custom_format_mapping, policy=_policy(request))
+    reader = _Reader(request.format_type, request.custom_format_mapping, policy=_policy(request), method=_method(request))
+    method = request.training_method
+    if method in METHOD_SHAPES and request.format_type != "auto":
+        reader.data.warnings.append(
+            f"format_type {request.format_type} is not used: training_method {method} reads rows with the columns"
+            f" {COLUMNS[METHOD_SHAPES[method]]}"
+        )
     if hub_name:
         opened = open_hf_dataset(
             hub_name,
@@ -138,7 +145,12 @@ def load_eval_data(request: TrainingStartRequest, train: LoadedData | None = Non
             " name evaluation files in local_eval_datasets"
         )
     reader = _Reader(
-        request.format_type, request.custom_format_mapping, purpose="evaluation", train=train, policy=_policy(request)
+        request.format_type,
+        request.custom_format_mapping,
+        purpose="evaluation",
+        train=train,
+        policy=_policy(request),
+        method=_method(request),
     )
     if split:
         reader.add(
@@ -172,8 +184,12 @@ class _Reader:
         purpose: str = "training",
         train: LoadedData | None = None,
         policy: tuple[str, float] = ("error", 0.0),
+        method: tuple[str, dict[str, str]] = ("sft", {}),
     ) -> None:
         self.format_type = format_type
+        # dpo, orpo, kto and grpo read their own rows (methods.py), whatever format_type says.
+        self.method = method[0]
+        self.method_rows = method_converter(*method)
         self.custom = mapping_converter(mapping) if mapping else None  # the Studio sends {} for none
         self.purpose = purpose
         self.train = train
@@ -225,6 +241,17 @@ class _Reader:
 
     def _choose(self, source: str, where: str, record: dict[str, Any], is_text: bool) -> Converter:
         """The shape of this source, decided at its first record; checked against the others."""
+        if self.method_rows is not None:
+            shape = METHOD_SHAPES[self.method]
+            if is_text:
+                raise DatasetError(
+                    source,
+                    "",
+                    f"a .txt file holds raw text; training_method {self.method} reads rows with the columns"
+                    f" {COLUMNS[shape]} (.jsonl, .json, .csv or .parquet)",
+                )
+            self.data.shapes[source] = self.data.shape = shape
+            return self.method_rows
         if is_text:
             if self.custom is not None:
                 raise config_error(
@@ -295,6 +322,7 @@ class _Reader:
                 f"skipped {bad:,} bad rows of {data.read:,} ({percent(bad, data.read)}) in the {self.purpose} data"
                 f" (bad_rows: skip): {', '.join(f'{k} {n:,}' for k, n in problems.details_counts())}"
             )
+        finish(self.method, data.per_file, data.rows)
         if not data.rows and data.read:
             parts = [(data.dropped_rows, "empty conversations"), (bad, "bad rows")]
             left_out = " and ".join(f"{count:,} {what}" for count, what in parts if count)
@@ -308,3 +336,8 @@ class _Reader:
 
 def _policy(request: TrainingStartRequest) -> tuple[str, float]:
     return request.bad_rows, request.max_bad_row_fraction
+
+
+def _method(request: TrainingStartRequest) -> tuple[str, dict[str, str]]:
+    """The training method, and the columns its rewards read (grpo)."""
+    return request.training_method, reward_columns(request.reward_functions)

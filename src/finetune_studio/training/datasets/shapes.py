@@ -90,9 +90,16 @@ class Notes:
         self.empty_turn_rows = 0
         self.empty_turns = 0
         self.empty_conversations = 0
+        self.identical_pairs = 0  # preference rows whose chosen answer is their rejected one (methods.py)
 
     def warnings(self) -> list[str]:
         said = []
+        if self.identical_pairs:
+            said.append(
+                f"{self.identical_pairs:,} preference row{'s have' if self.identical_pairs > 1 else ' has'} the same"
+                " chosen and rejected answer; they teach nothing"
+                " (the preference loss cannot tell the two apart): fix them or remove them"
+            )
         if self.aliased_rows:
             mapped = names(f"{name} -> {role}" for name, role in self.aliases.items())
             said.append(f"mapped role aliases in {self.aliased_rows:,} rows ({mapped})")

@@ -23,13 +23,30 @@ def token_lengths(data: LoadedData, tokenizer: Any, *, batch_rows: int = BATCH_R
     eos = getattr(tokenizer, "eos_token_id", None)
     for first in range(0, len(data.rows), batch_rows):
         batch = data.rows[first : first + batch_rows]
-        if data.is_conversational:
+        if batch and "messages" not in batch[0] and "prompt" in batch[0]:
+            lengths.extend(_method_lengths(batch, tokenizer))
+        elif data.is_conversational:
             ids = tokenizer.apply_chat_template([row["messages"] for row in batch], tokenize=True, return_dict=False)
             lengths.extend(len(row) for row in ids)
         else:
             ids = tokenizer([row["text"] for row in batch], return_attention_mask=False)["input_ids"]
             lengths.extend(len(row) + (eos is not None and (not row or row[-1] != eos)) for row in ids)
     return lengths
+
+
+def _method_lengths(batch: list[dict[str, Any]], tokenizer: Any) -> list[int]:
+    """A training method's rows (datasets/methods.py): the prompt with its longest answer
+    (chosen or rejected; the completion), or, for grpo, the prompt as the model sees it."""
+
+    def lengths(conversations: list[list[dict[str, str]]], **options: Any) -> list[int]:
+        ids = tokenizer.apply_chat_template(conversations, tokenize=True, return_dict=False, **options)
+        return [len(row) for row in ids]
+
+    answers = [key for key in ("chosen", "rejected", "completion") if key in batch[0]]
+    if not answers:
+        return lengths([row["prompt"] for row in batch], add_generation_prompt=True)
+    per_answer = [lengths([row["prompt"] + row[key] for row in batch]) for key in answers]
+    return [max(row) for row in zip(*per_answer)]
 
 
 def measure(data: LoadedData, tokenizer: Any, max_seq_length: int) -> dict[str, Any]:

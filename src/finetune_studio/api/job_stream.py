@@ -1,0 +1,90 @@
+"""One job's event stream as an HTTP answer, for every kind of job (/train/stream, /export/stream).
+
+The events, their ids and their replay live in `JobService.stream`; this module
+turns a stream request into the answer: a cursor from `Last-Event-ID` (header or
+query), a 416 for a cursor past the job's last event, a 503 when the job has as
+many streams open as the server allows, else a `BoundedEventStream`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Union
+
+from fastapi import Response, status
+from fastapi.responses import JSONResponse
+
+from finetune_studio.api.deps import Studio
+from finetune_studio.api.streaming import BoundedEventStream
+from finetune_studio.errors import PastLastEvent
+from finetune_studio.jobs.store import JobRecord
+
+# Documented answers of a route, as FastAPI's `responses` takes them.
+Responses = dict[Union[int, str], dict[str, Any]]
+# Event ids are SQLite integers: a larger cursor is refused (422) rather than overflowing.
+MAX_EVENT_ID = 2**63 - 1
+STREAM_RETRY_SECONDS = 5
+
+PAST_END: Responses = {
+    status.HTTP_416_RANGE_NOT_SATISFIABLE: {
+        "description": "Last-Event-ID is past the job's last event; the message names the last event id"
+    }
+}
+FULL: Responses = {
+    status.HTTP_503_SERVICE_UNAVAILABLE: {
+        "description": "The job has as many open streams as the server allows (max_streams_per_job); see Retry-After"
+    }
+}
+
+
+def stream_items(description: str) -> Responses:
+    """The stream's items, for the OpenAPI document (the route returns its own
+    EventSourceResponse of pre-encoded bytes, so FastAPI cannot derive them)."""
+    return {
+        status.HTTP_200_OK: {
+            "description": description,
+            "content": {
+                "text/event-stream": {
+                    "itemSchema": {
+                        "type": "object",
+                        "required": ["event", "data", "id"],
+                        "properties": {
+                            "event": {"type": "string", "enum": ["status", "progress"]},
+                            "data": {"type": "string", "contentMediaType": "application/json"},
+                            "id": {"type": "string", "description": "the event id, for Last-Event-ID"},
+                        },
+                    }
+                }
+            },
+        }
+    }
+
+
+def open_event_stream(
+    job: JobRecord, studio: Studio, header_cursor: Optional[int], query_cursor: Optional[int], status_path: str
+) -> Response:
+    """The job's events after the larger of the two cursors, live until its terminal
+    status; `status_path` is where a refused client may poll instead."""
+    after = max(header_cursor or 0, query_cursor or 0)
+    if after > job.last_event_id:
+        # Event ids only grow, one at a time: a cursor past the last one was never
+        # given out by this server (another server's, or a replaced data dir). Said at
+        # once, rather than keep-alives until the job ends and nothing ever arrives.
+        raise PastLastEvent(job.id, after, job.last_event_id)
+    service, limit = studio.service, studio.settings.max_streams_per_job
+    if not service.open_reader(job.id, limit):
+        return JSONResponse(
+            {
+                "detail": f"job {job.id} has {limit} open streams, this server's limit per job; try again shortly"
+                f" (or poll GET {status_path}). The operator sets the limit with"
+                " FINETUNE_STUDIO_MAX_STREAMS_PER_JOB"
+            },
+            status_code=status.HTTP_503_SERVICE_UNAVAILABLE,
+            headers={"Retry-After": str(STREAM_RETRY_SECONDS)},
+        )
+    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    return BoundedEventStream(
+        service.stream(job.id, after),
+        stall_seconds=studio.settings.stream_stall_seconds,
+        on_close=lambda: service.close_reader(job.id),
+        headers=headers,
+    )

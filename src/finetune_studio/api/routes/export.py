@@ -1,0 +1,231 @@
+"""The export routes of DESIGN.md section 8: start, status, stream, stop, jobs, download.
+
+An export is a job of kind `export` (jobs/phases.py): it is queued, run in its own
+child (`python -m finetune_studio.export.child`, from its own pool of slots), and
+streamed with the same events, ids and replay as a training job. Its files live in
+`<data dir>/exports/<export id>/`; only those a completed export lists in
+`details.files` can be downloaded, so a half-written file never is.
+"""
+
+from __future__ import annotations
+
+import base64
+import importlib.util
+from pathlib import Path, PurePosixPath
+from typing import Annotated, Any, Optional
+
+from fastapi import APIRouter, Header, Query, Request, Response, status
+from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
+
+from finetune_studio.api.deps import ExportDep, StudioDep, studio_of
+from finetune_studio.api.job_stream import FULL, MAX_EVENT_ID, PAST_END, Responses, open_event_stream, stream_items
+from finetune_studio.errors import JobNotFound
+from finetune_studio.jobs.store import JobRecord
+from finetune_studio.schemas import (
+    ErrorCode,
+    ExportFile,
+    ExportJobResponse,
+    ExportList,
+    ExportStartRequest,
+    ExportStatus,
+)
+from finetune_studio.wire import JobFolder
+
+router = APIRouter(prefix="/export", tags=["export"])
+
+GGUF_INSTALL = "pip install 'finetune-studio[gguf]'"
+_NOT_FOUND: Responses = {status.HTTP_404_NOT_FOUND: {"description": "No export has this id"}}
+_REFUSED: Responses = {
+    status.HTTP_400_BAD_REQUEST: {
+        "model": ExportJobResponse,
+        "description": "The export cannot run here (llama.cpp's tools missing: `export_tools_missing`; a format the job's result cannot take)",
+    },
+    status.HTTP_404_NOT_FOUND: {"model": ExportJobResponse, "description": "No training job has this id"},
+    status.HTTP_409_CONFLICT: {"model": ExportJobResponse, "description": "The training job has no result to export (yet)"},
+    status.HTTP_429_TOO_MANY_REQUESTS: {"model": ExportJobResponse, "description": "The export queue is full"},
+}
+
+
+def gguf_tools_problem() -> Optional[str]:
+    """Why a GGUF export cannot run on this machine (llama.cpp's tools are missing), or None.
+
+    Looked up without importing anything: the server never loads llama.cpp; the
+    export child does, and says exactly what it lacks if this check was not enough.
+    """
+    if importlib.util.find_spec("llama_cpp") is None:
+        return (
+            "GGUF exports use llama.cpp's own converter and quantizer, from the llama-cpp-python package, which is not"
+            f" installed for this server: install the extra with {GGUF_INSTALL} (it builds llama.cpp once, which takes"
+            " a few minutes), then restart the server. A merged_16bit export needs no extra"
+        )
+    return None
+
+
+def _refused(code: int, text: str, error_code: Optional[ErrorCode] = None) -> JSONResponse:
+    body = ExportJobResponse(
+        export_id="", status="error", message="The export was not started", error=text, error_code=error_code
+    )
+    return JSONResponse(body.model_dump(exclude_none=True), status_code=code)
+
+
+def _result_problem(job: JobRecord) -> Optional[str]:
+    """Why the training job has nothing to export, or None when it has an adapter or model."""
+    saved = JobFolder(Path(job.output_dir)).outputs()
+    if job.phase == "completed" or (job.phase == "stopped" and saved):
+        if not saved:
+            return f"job {job.id} completed, but its result ({job.output_dir}/adapter or /model) is no longer on disk"
+        if not JobFolder(Path(job.output_dir)).job_file.is_file():
+            return f"job {job.id} has no {JobFolder(Path(job.output_dir)).job_file} (what it trained from): it cannot be exported"
+        return None
+    also = " (a job stopped after it saved its adapter or model can be exported too)"
+    if job.phase == "stopped":
+        return f"job {job.id} was stopped before it saved an adapter or model: there is nothing to export"
+    if job.phase == "error":
+        return f"job {job.id} ended in error and saved no result to export; only a completed job can be exported{also}"
+    return (
+        f"job {job.id} is {job.phase}: only a completed job can be exported{also}; watch GET /train/status/{job.id}"
+        " and start the export once it has completed"
+    )
+
+
+@router.post("/start", responses=_REFUSED)
+async def start_export(request: ExportStartRequest, studio: StudioDep) -> Response:
+    """Queue an export of a training job's result. It runs in its own slot, beside training."""
+    try:
+        job = studio.service.store.get_job(request.job_id, kind="train")
+    except JobNotFound:
+        return _refused(status.HTTP_404_NOT_FOUND, f"no training job with id {request.job_id!r} (GET /train/jobs lists them)")
+    problem = _result_problem(job)
+    if problem:
+        return _refused(status.HTTP_409_CONFLICT, problem)
+    has_adapter = "adapter_dir" in JobFolder(Path(job.output_dir)).outputs()
+    if request.format == "lora_gguf" and not has_adapter:
+        return _refused(
+            status.HTTP_400_BAD_REQUEST,
+            f"job {job.id} was a full fine-tuning: it has no adapter to export as lora_gguf. Export its model with"
+            " format gguf or merged_16bit",
+            "config_invalid",
+        )
+    if request.format in ("gguf", "lora_gguf"):
+        missing = gguf_tools_problem()
+        if missing:
+            return _refused(status.HTTP_400_BAD_REQUEST, missing, "export_tools_missing")
+    queued = len(studio.supervisor.queue_positions("export"))
+    if queued >= studio.settings.max_queued_jobs:
+        return _refused(
+            status.HTTP_429_TOO_MANY_REQUESTS,
+            f"{queued} exports are waiting, this server's limit (FINETUNE_STUDIO_MAX_QUEUED_JOBS); try again once some have run",
+        )
+    quantizations = request.quantizations()
+    # Stored whole: it is what the export child gets (wire.WorkerSpec.request), and holds no secret.
+    stored: dict[str, Any] = {**request.model_dump(), "source_dir": job.output_dir, "quantizations": quantizations}
+    details = {"format": request.format, "quantizations": quantizations}
+    export = studio.service.create_job(stored, message="Queued", details=details, kind="export")
+    studio.supervisor.submit(export.id, {})
+    what = request.format + (f" ({', '.join(quantizations)})" if quantizations else "")
+    return JSONResponse(
+        ExportJobResponse(
+            export_id=export.id, status="queued", message=f"Export {export.id} of job {job.id} as {what} queued at position {queued + 1}"
+        ).model_dump(exclude_none=True)
+    )
+
+
+@router.get("/status/{export_id}", response_model=ExportStatus, responses=_NOT_FOUND)
+async def export_status(export_id: str, request: Request) -> Response:
+    """The export's current phase (for polling)."""
+    studio = studio_of(request)
+    phase, status_json = studio.service.store.status_json(export_id, kind="export")
+    if phase == "idle":
+        job = studio.service.store.get_job(export_id)
+        position = studio.supervisor.queue_positions("export").get(export_id)
+        status_json = studio.service.export_status_of(job, position).model_dump_json()
+    return Response(status_json, media_type="application/json")
+
+
+@router.get(
+    "/stream/{export_id}",
+    response_class=StreamingResponse,
+    responses={
+        **stream_items("Server-Sent Events: `status` (an ExportStatus) and `progress` (an ExportProgress)"),
+        **_NOT_FOUND,
+        **PAST_END,
+        **FULL,
+    },
+)
+async def export_stream(
+    export: ExportDep,
+    studio: StudioDep,
+    last_event_id_header: Annotated[Optional[int], Header(alias="Last-Event-ID", ge=0, le=MAX_EVENT_ID)] = None,
+    last_event_id: Annotated[Optional[int], Query(ge=0, le=MAX_EVENT_ID, description="Resume after this event id")] = None,
+) -> Response:
+    """Every status and progress event of the export as Server-Sent Events, exactly as
+    GET /train/stream/{id} sends a training job's: replay after `Last-Event-ID`, live
+    until the terminal status, keep-alive comments while nothing happens."""
+    return open_event_stream(export, studio, last_event_id_header, last_event_id, f"/export/status/{export.id}")
+
+
+@router.post("/stop/{export_id}", responses={**_NOT_FOUND, status.HTTP_409_CONFLICT: {"description": "The export has finished"}})
+async def stop_export(export: ExportDep, studio: StudioDep) -> ExportStatus:
+    """Stop an export: a queued one at once; a running one ends `stopped`, its unfinished files removed."""
+    return await studio.supervisor.stop_export(export.id)
+
+
+@router.get("/jobs")
+async def list_exports(
+    studio: StudioDep,
+    job_id: Annotated[Optional[str], Query(description="Only the exports of this training job")] = None,
+) -> ExportList:
+    """Every export's current status, newest first."""
+    positions = studio.supervisor.queue_positions("export")
+    exports = studio.service.store.list_jobs(kind="export", exported_job=job_id)
+    data = [studio.service.export_status_of(job, positions.get(job.id)) for job in exports]
+    return ExportList(data=data, count=len(data))
+
+
+_DOWNLOAD: Responses = {
+    status.HTTP_200_OK: {"description": "The file", "content": {"application/octet-stream": {}}},
+    status.HTTP_206_PARTIAL_CONTENT: {"description": "The bytes the Range header asked for"},
+    status.HTTP_404_NOT_FOUND: {"description": "No such export, or no such file in it"},
+    status.HTTP_409_CONFLICT: {"description": "The export has not completed"},
+    status.HTTP_416_RANGE_NOT_SATISFIABLE: {"description": "The Range lies beyond the file's end"},
+}
+
+
+def _listed_file(export: JobRecord, name: str) -> Optional[ExportFile]:
+    for entry in (export.status.get("details") or {}).get("files") or []:
+        if isinstance(entry, dict) and entry.get("name") == name:
+            return ExportFile.model_validate(entry)
+    return None
+
+
+@router.get("/download/{export_id}/{name:path}", response_class=FileResponse, responses=_DOWNLOAD)
+async def download_export_file(export: ExportDep, name: str) -> Response:
+    """A file of a completed export, by its name in `details.files`. HTTP Range is
+    honoured (206 with Content-Range; 416 past the end), so a large download resumes;
+    `Repr-Digest` carries the file's SHA-256."""
+    if export.phase != "completed":
+        return JSONResponse(
+            {"detail": f"export {export.id} is {export.phase}: its files can be downloaded once it has completed"},
+            status_code=status.HTTP_409_CONFLICT,
+        )
+    listed = _listed_file(export, name)
+    parts = PurePosixPath(name).parts
+    if listed is None or name.startswith("/") or ".." in parts:
+        names = [entry.get("name") for entry in (export.status.get("details") or {}).get("files") or [] if isinstance(entry, dict)]
+        return JSONResponse(
+            {"detail": f"export {export.id} has no file {name!r}; its files: {', '.join(map(str, names)) or 'none'}"},
+            status_code=status.HTTP_404_NOT_FOUND,
+        )
+    folder = Path(export.output_dir).resolve()
+    path = (folder / name).resolve()
+    if not path.is_relative_to(folder) or not path.is_file():
+        return JSONResponse(
+            {"detail": f"the file {name!r} of export {export.id} is no longer on disk ({folder}); export again"},
+            status_code=status.HTTP_404_NOT_FOUND,
+        )
+    headers = {}
+    try:
+        headers["Repr-Digest"] = f"sha-256=:{base64.b64encode(bytes.fromhex(listed.sha256)).decode()}:"
+    except ValueError:
+        pass  # a child that listed no proper digest: the file is still served
+    return FileResponse(path, filename=PurePosixPath(name).name, media_type="application/octet-stream", headers=headers)

@@ -1,0 +1,98 @@
+"""OpenAI's Files API over the one file store (DESIGN.md section 9): POST /v1/files
+(multipart: `file`, `purpose`), GET /v1/files, GET /v1/files/{id}, GET
+/v1/files/{id}/content, DELETE /v1/files/{id}.
+
+An upload reaches the route already spooled by Starlette's multipart parser (to a
+temporary file past 1 MiB, written off the event loop); `receive_upload` copies it
+into the store, checks it and renames it into place in a worker thread, so a large
+file never holds the loop. The page's uploads call `receive_upload` too (purpose
+`studio`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated, Any, Literal, Optional, Union
+
+from fastapi import APIRouter, File, Form, Query, UploadFile, status
+from fastapi.responses import FileResponse
+
+from finetune_studio.api.deps import Studio, StudioDep
+from finetune_studio.errors import InvalidFile
+from finetune_studio.files.checks import PURPOSES
+from finetune_studio.files.store import StoredFile
+from finetune_studio.openai_wire import ErrorResponse, FileDeleted, FileList, FileObject
+
+router = APIRouter(prefix="/v1/files", tags=["openai"])
+Responses = dict[Union[int, str], dict[str, Any]]
+_ERRORS: Responses = {
+    status.HTTP_400_BAD_REQUEST: {"model": ErrorResponse, "description": "The file does not fit its purpose; the message names its bad lines"},
+    status.HTTP_404_NOT_FOUND: {"model": ErrorResponse, "description": "No file has this id"},
+    status.HTTP_413_CONTENT_TOO_LARGE: {"model": ErrorResponse, "description": "The file is over max_file_bytes"},
+}
+
+
+async def receive_upload(studio: Studio, upload: UploadFile, purpose: str) -> StoredFile:
+    """Store an upload for `purpose` (`fine-tune` or `studio`), checked: the Python API
+    for any route that takes a file. InvalidFile (400) names what is wrong."""
+    if purpose not in PURPOSES:
+        raise InvalidFile(
+            f"purpose {purpose!r} is not one this server keeps files for: use \"fine-tune\" (OpenAI's chat or"
+            " preference JSONL, for /v1/fine_tuning/jobs) or \"studio\" (a dataset file the studio reads)",
+            param="purpose",
+        )
+    filename = (upload.filename or "upload.jsonl").replace("/", "_").replace("\\", "_")[:255]
+    files = studio.files
+    ingested = await asyncio.to_thread(files.ingest, upload.file, filename, purpose, studio.settings.max_file_bytes)
+    return files.record(ingested)
+
+
+def file_object(stored: StoredFile) -> FileObject:
+    return FileObject(
+        id=stored.id, bytes=stored.bytes, created_at=int(stored.created_at), filename=stored.filename, purpose=stored.purpose
+    )
+
+
+@router.post("", responses=_ERRORS)
+async def upload_file(
+    studio: StudioDep,
+    file: Annotated[UploadFile, File(description="The file: JSONL in OpenAI's chat or preference format for fine-tune")],
+    purpose: Annotated[str, Form(description='"fine-tune" (OpenAI\'s formats, checked line by line) or "studio"')],
+) -> FileObject:
+    """Upload a file. A `fine-tune` file is checked at once: a bad line is a 400 naming it."""
+    try:
+        return file_object(await receive_upload(studio, file, purpose))
+    finally:
+        await file.close()
+
+
+@router.get("")
+async def list_files(
+    studio: StudioDep,
+    purpose: Optional[str] = None,
+    after: Optional[str] = None,
+    limit: Annotated[int, Query(ge=1, le=10_000)] = 10_000,
+    order: Literal["asc", "desc"] = "desc",
+) -> FileList:
+    """The stored files, newest first (or oldest first with `order=asc`), `limit` a page, after the file `after`."""
+    page, more = studio.files.list(purpose=purpose, after=after, limit=limit, newest_first=order == "desc")
+    data = [file_object(stored) for stored in page]
+    return FileList(data=data, has_more=more, first_id=data[0].id if data else None, last_id=data[-1].id if data else None)
+
+
+@router.get("/{file_id}", responses=_ERRORS)
+async def retrieve_file(file_id: str, studio: StudioDep) -> FileObject:
+    return file_object(studio.files.get(file_id))
+
+
+@router.get("/{file_id}/content", response_class=FileResponse, responses=_ERRORS)
+async def file_content(file_id: str, studio: StudioDep) -> FileResponse:
+    """The file's bytes, as uploaded."""
+    stored = studio.files.get(file_id)
+    return FileResponse(stored.path, filename=stored.filename, media_type="application/octet-stream")
+
+
+@router.delete("/{file_id}", responses=_ERRORS)
+async def delete_file(file_id: str, studio: StudioDep) -> FileDeleted:
+    """Remove the file. A job already queued with it fails when it starts, saying the file is gone."""
+    return FileDeleted(id=studio.files.delete(file_id).id)

@@ -1,0 +1,256 @@
+"""`finetune-studio export JOB_ID --gguf q4_k_m,q8_0 [--lora-gguf] [--out DIR]`: exports run by the server.
+
+    export_requests(args)   the flags as `POST /export/start` bodies (pure; unit-tested)
+    ExportLiveView          a terminal: stage lines above a rich bar per stage
+    ExportLinesView         a pipe or a log: the stage lines and a progress line now and then
+    run_export_job(args)    the command: find or start the server, queue, follow, download
+
+Each export is queued on the server (a GGUF export and a LoRA-GGUF one are two
+exports, one after the other), followed through its stream until it ends, and its
+files (the server's `details.files`) are then downloaded into --out, each by way
+of a `.partial` file that a second run resumes with HTTP Range. The merge into a
+local folder (`--merged DIR`) is cli/export.py, in this process, as before.
+
+A server is found or started exactly as `finetune-studio train` does (cli/train.py).
+Ctrl-C stops the export (an export is cheap to start again; its partial files are
+removed by the server); a second Ctrl-C leaves it running.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import time
+from pathlib import Path, PurePosixPath
+from typing import IO, Any, Optional, Union
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn
+from rich.text import Text
+
+from finetune_studio.cli.client import StreamEvent, StudioClient, StudioError
+from finetune_studio.cli.follow import EXIT_COMPLETED, EXIT_FAILED, EXIT_LEFT_RUNNING, EXIT_REFUSED, Notes
+from finetune_studio.cli.local_server import LocalServer
+from finetune_studio.cli.progress import Clock, JsonLinesView, StatusLines, format_seconds
+from finetune_studio.cli.train import _exit_on_signal, _release, _start_server, may_start_server
+
+def export_requests(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The `POST /export/start` bodies the flags ask for, in the order they run."""
+    requests: list[dict[str, Any]] = []
+    if args.gguf:
+        requests.append({"job_id": args.job_id, "format": "gguf", "quantization": args.gguf})
+    if args.lora_gguf:
+        requests.append({"job_id": args.job_id, "format": "lora_gguf", "quantization": args.lora_gguf})
+    return requests
+
+
+def _stage_line(progress: dict[str, Any]) -> str:
+    """'converting model-f16.gguf 120/272 tensors  44.1%  eta 00:12' (the percent is the whole export's)."""
+    unit = "layers" if progress.get("stage") == "merging" else "tensors"
+    where = f" {progress['file']}" if progress.get("file") else ""
+    return (
+        f"{progress['stage']}{where} {progress['done']}/{progress['total']} {unit}"
+        f"  {float(progress['progress_percent']):5.1f}%  eta {format_seconds(progress.get('eta_seconds'))}"
+    )
+
+
+def _print_plain(console: Console, line: str) -> None:
+    console.print(Text(line), soft_wrap=True, highlight=False)
+
+
+class ExportLinesView:
+    """Plain lines: every status, and a progress line every `every_seconds` and at each file's end."""
+
+    def __init__(self, console: Console, *, clock: Clock = time.monotonic, every_seconds: float = 5.0) -> None:
+        self.console = console
+        self.clock = clock
+        self.every_seconds = every_seconds
+        self._status = StatusLines()
+        self._last_line_at: Optional[float] = None
+
+    def show(self, event: StreamEvent) -> None:
+        if event.kind == "status":
+            for line in self._status.lines(event.data):
+                _print_plain(self.console, line)
+        elif event.kind == "progress":
+            now = self.clock()
+            whole = event.data["done"] >= event.data["total"]
+            if self._last_line_at is None or now - self._last_line_at >= self.every_seconds or whole:
+                _print_plain(self.console, _stage_line(event.data))
+                self._last_line_at = now
+        self.console.file.flush()
+
+    def close(self) -> None:
+        self.console.file.flush()
+
+
+class ExportLiveView:
+    """A terminal: stage lines scroll above one bar per stage and file (tensors done of total)."""
+
+    def __init__(self, console: Console, *, clock: Clock = time.monotonic) -> None:
+        self.console = console
+        self._status = StatusLines()
+        self.progress = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(bar_width=None),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[percent]} of the export, eta {task.fields[eta]}"),
+            console=console,
+            auto_refresh=False,
+            get_time=clock,
+            redirect_stdout=False,
+            redirect_stderr=False,
+            expand=True,
+        )
+        self._tasks: dict[tuple[str, str], TaskID] = {}
+        self._running = False
+
+    def show(self, event: StreamEvent) -> None:
+        if event.kind == "status":
+            if event.is_terminal:
+                self.close()
+            for line in self._status.lines(event.data):
+                self.console.print(Text(line), highlight=False)
+            return
+        if event.kind != "progress":
+            return
+        data = event.data
+        key = (str(data["stage"]), str(data.get("file") or ""))
+        if key not in self._tasks:
+            self._tasks[key] = self.progress.add_task(" ".join(part for part in key if part), total=data["total"])
+        self.progress.update(
+            self._tasks[key], completed=data["done"], total=data["total"],
+            percent=f"{float(data['progress_percent']):.1f}%", eta=format_seconds(data.get("eta_seconds")),
+        )
+        if self._running:
+            self.progress.refresh()
+        else:
+            self.progress.start()
+            self._running = True
+
+    def close(self) -> None:
+        if self._running:
+            self.progress.stop()
+            self._running = False
+
+
+ExportView = Union[ExportLiveView, ExportLinesView, JsonLinesView]
+
+
+def make_export_view(out: IO[str], *, output_json: bool = False, clock: Clock = time.monotonic) -> ExportView:
+    if output_json:
+        return JsonLinesView(out)
+    console = Console(file=out)
+    if console.is_terminal and not console.is_dumb_terminal:
+        return ExportLiveView(console, clock=clock)
+    return ExportLinesView(console, clock=clock)
+
+
+def follow_export(client: StudioClient, export_id: str, view: ExportView, notify: Any) -> Optional[dict[str, Any]]:
+    """Show the export's events until it ends: its terminal status. Ctrl-C stops it and
+    keeps following; a second Ctrl-C leaves it running (None)."""
+    cursor, stopping = 0, False
+    while True:
+        try:
+            for event in client.stream(export_id, last_event_id=cursor, prefix="/export"):
+                view.show(event)
+                cursor = event.id
+                if event.is_terminal:
+                    view.close()
+                    return event.data
+            raise StudioError(f"the stream of export {export_id} ended before the export did")
+        except KeyboardInterrupt:
+            if stopping:
+                view.close()
+                notify(f"left export {export_id} running; `curl -X POST .../export/stop/{export_id}` stops it")
+                return None
+            stopping = True
+            try:
+                notify(f"stopping export {export_id} (Ctrl-C again leaves it running): {client.stop_export(export_id)['message']}")
+            except StudioError as exc:  # it ended meanwhile (409): the stream shows how
+                notify(f"could not stop export {export_id}: {exc}")
+
+
+def safe_target(out_dir: Path, name: str) -> Path:
+    """Where a file the server names goes under out_dir; a name that would leave it is refused."""
+    parts = PurePosixPath(name).parts
+    if not parts or name.startswith("/") or ".." in parts or "\\" in name:
+        raise StudioError(f"the server named a file {name!r} that would land outside {out_dir}; not downloading it")
+    return out_dir.joinpath(*parts)
+
+
+def download_files(client: StudioClient, export_id: str, files: list[dict[str, Any]], out_dir: Path, notes: Notes) -> list[Path]:
+    written = []
+    for entry in files:
+        target = safe_target(out_dir, str(entry["name"]))
+        notes.say(f"downloading {entry['name']} ({entry['bytes']:,} bytes) to {target} ...")
+        client.download(export_id, str(entry["name"]), target)
+        size = target.stat().st_size
+        if size != entry["bytes"]:
+            raise StudioError(f"{target} has {size:,} bytes, the server listed {entry['bytes']:,}; run the command again")
+        written.append(target)
+    return written
+
+
+def ollama_line(job_id: str, files: list[Path]) -> Optional[str]:
+    """The `ollama create` command for a downloaded Modelfile, or None when there is none."""
+    modelfile = next((path for path in files if path.name == "Modelfile"), None)
+    if modelfile is None:
+        return None
+    return f"ollama create finetune-{job_id} -f {modelfile}"
+
+
+def run_export_job(args: argparse.Namespace, stdout: IO[str] = sys.stdout, stderr: IO[str] = sys.stderr) -> int:
+    notes = Notes(stdout, stderr, stdout_for_scripts=args.output_json)
+    requests = export_requests(args)
+    out_dir = Path(args.out).expanduser().resolve()
+    server: Optional[LocalServer] = None
+    previous_handlers: dict[int, Any] = {}
+    with StudioClient(args.server, token=args.token) as client:
+        try:
+            if not client.answers():
+                if args.no_start_server or not may_start_server(args.server):
+                    notes.error(
+                        f"nothing answers at {args.server}; start a server there (`finetune-studio serve`) or name"
+                        " another with --server"
+                    )
+                    return EXIT_REFUSED
+                previous_handlers = {sig: signal.signal(sig, _exit_on_signal) for sig in (signal.SIGTERM, signal.SIGHUP)}
+                server = _start_server(args, client, notes)
+            code, downloaded = _run(client, requests, out_dir, args, notes, stdout)
+        except StudioError as exc:
+            notes.error(str(exc))
+            code, downloaded = (EXIT_REFUSED if exc.status_code is not None else EXIT_FAILED), []
+        finally:
+            _release(server, keep=False, previous_handlers=previous_handlers)
+    if args.output_json:  # the last line for a script: what came of it
+        JsonLinesView(stdout).write({"event": "summary", "exit_code": code, "files": [str(path) for path in downloaded]})
+    return code
+
+
+def _run(
+    client: StudioClient, requests: list[dict[str, Any]], out_dir: Path, args: argparse.Namespace, notes: Notes, stdout: IO[str]
+) -> tuple[int, list[Path]]:
+    """Each export in turn: queued, followed, its files downloaded. The exit status and the files written."""
+    downloaded: list[Path] = []
+    for request in requests:
+        export_id = client.start_export(request)
+        notes.say(f"queued export {export_id} of job {args.job_id} as {request['format']} ({', '.join(request['quantization'])})")
+        view = make_export_view(stdout, output_json=args.output_json)
+        status = follow_export(client, export_id, view, notes.say)
+        if status is None:
+            return EXIT_LEFT_RUNNING, downloaded
+        if status["phase"] != "completed":
+            code = (status.get("details") or {}).get("error_code")
+            why = f": {status['error']}" if status.get("error") else f": {status['message']}"
+            notes.error(f"export {export_id} ended {status['phase']}{f' ({code})' if code else ''}{why}")
+            return EXIT_FAILED, downloaded
+        files = list((status.get("details") or {}).get("files") or [])
+        downloaded += download_files(client, export_id, files, out_dir, notes)
+    for path in downloaded:
+        notes.say(f"wrote {path}")
+    line = ollama_line(args.job_id, downloaded)
+    if line:
+        notes.say(f"to run it in Ollama: {line}")
+    return EXIT_COMPLETED, downloaded

@@ -1,0 +1,191 @@
+"""FileStore: the stored files, their rows in the `files` table (migration 3 of
+jobs/store.py) and their bytes under `<data-dir>/files/`.
+
+Adding a file has two halves, so that a large upload never blocks the server's
+event loop:
+
+- `ingest` (any thread; no database): copies the upload into `.<id>.partial`,
+  refusing it past `max_bytes`, checks it for its purpose (checks.py), writes what
+  the trainer reads beside it (a preference file's DPO rows), then renames it into
+  place: a stored file is complete or absent.
+- `record` (the loop's thread): inserts its row.
+
+The Python API for other parts of the server (the page's uploads use purpose
+`studio`):
+
+    ingested = await asyncio.to_thread(files.ingest, stream, "data.jsonl", "studio", max_bytes)
+    stored = files.record(ingested)          # StoredFile: id, path, facts ...
+    files.get(file_id) / files.list(...) / files.delete(file_id)
+
+`StoredFile.path` is what a training request names in `local_datasets`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import sqlite3
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO, Optional
+
+from finetune_studio.errors import FileNotFound, InvalidFile
+from finetune_studio.files.checks import STUDIO_SUFFIXES, FileFacts, check_file
+from finetune_studio.files.preference import write_dpo_rows
+
+_COPY_CHUNK = 1024 * 1024
+DPO_SUFFIX = ".dpo.jsonl"
+
+
+@dataclass(frozen=True)
+class Ingested:
+    """A checked file in place, not yet recorded."""
+
+    id: str
+    purpose: str
+    filename: str
+    bytes: int
+    path: Path
+    facts: FileFacts
+
+
+@dataclass(frozen=True)
+class StoredFile:
+    id: str
+    created_at: float
+    purpose: str
+    filename: str
+    bytes: int
+    path: Path
+    facts: FileFacts
+
+    @property
+    def dpo_path(self) -> Path:
+        """A preference file's rows as the DPO trainer reads them (written when it was added)."""
+        return self.path.with_name(self.id + DPO_SUFFIX)
+
+
+def new_file_id() -> str:
+    return "file-" + secrets.token_hex(12)
+
+
+class FileStore:
+    def __init__(self, db_path: Path, folder: Path) -> None:
+        """`db_path` is the JobStore's database, migrated by it (the `files` table is its migration 3)."""
+        self.folder = folder
+        folder.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(str(db_path), isolation_level=None, check_same_thread=False)
+        self._db.row_factory = sqlite3.Row
+        self._db.execute("PRAGMA busy_timeout=5000")
+        self._sweep_partials()
+
+    def close(self) -> None:
+        self._db.close()
+
+    def _sweep_partials(self) -> None:
+        """Uploads cut off by a crash leave `.partial` files; nothing refers to them."""
+        for partial in self.folder.glob(".*.partial"):
+            with contextlib.suppress(OSError):
+                partial.unlink()
+
+    # -- adding ---------------------------------------------------------------
+
+    def ingest(self, source: BinaryIO, filename: str, purpose: str, max_bytes: int) -> Ingested:
+        """Copy, check and place a file (blocking: call it in a thread). InvalidFile when it
+        is over `max_bytes` or does not fit its purpose; nothing is left behind then."""
+        file_id = new_file_id()
+        suffix = Path(filename).suffix.lower()
+        final = self.folder / (file_id + (suffix if purpose == "studio" and suffix in STUDIO_SUFFIXES else ".jsonl"))
+        partial = self.folder / f".{final.name}.partial"
+        derived = final.with_name(file_id + DPO_SUFFIX)
+        try:
+            size = _copy(source, partial, max_bytes, filename)
+            facts = check_file(partial, purpose, filename)
+            if facts.format == "preference":
+                write_dpo_rows(partial, derived)
+            os.replace(partial, final)
+        except BaseException:
+            for path in (partial, derived):
+                with contextlib.suppress(OSError):
+                    path.unlink()
+            raise
+        return Ingested(file_id, purpose, filename, size, final, facts)
+
+    def record(self, ingested: Ingested) -> StoredFile:
+        now = time.time()
+        with self._db:
+            self._db.execute("BEGIN IMMEDIATE")
+            seq = self._db.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM files").fetchone()[0]
+            self._db.execute(
+                "INSERT INTO files (id, seq, created_at, purpose, filename, bytes, path, facts_json)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (ingested.id, seq, now, ingested.purpose, ingested.filename, ingested.bytes, str(ingested.path),
+                 json.dumps(ingested.facts.to_json())),
+            )
+        return self.get(ingested.id)
+
+    # -- reading ----------------------------------------------------------------
+
+    def get(self, file_id: str) -> StoredFile:
+        row = self._db.execute("SELECT * FROM files WHERE id = ?", (file_id,)).fetchone()
+        if row is None:
+            raise FileNotFound(f"no file with id {file_id!r}; GET /v1/files lists the stored files", param="file_id")
+        return _stored(row)
+
+    def list(
+        self, purpose: Optional[str] = None, after: Optional[str] = None, limit: int = 10_000, newest_first: bool = True
+    ) -> tuple[list[StoredFile], bool]:
+        """A page of files (and whether more follow), after the file `after` in the order asked."""
+        query, params = "SELECT * FROM files WHERE 1 = 1", []
+        if purpose is not None:
+            query += " AND purpose = ?"
+            params.append(purpose)
+        if after is not None:
+            seq = self._db.execute("SELECT seq FROM files WHERE id = ?", (after,)).fetchone()
+            if seq is None:
+                raise FileNotFound(f"after: no file with id {after!r}", param="after")
+            query += " AND seq < ?" if newest_first else " AND seq > ?"
+            params.append(seq[0])
+        query += (" ORDER BY seq DESC" if newest_first else " ORDER BY seq") + " LIMIT ?"
+        rows = self._db.execute(query, (*params, limit + 1)).fetchall()
+        return [_stored(row) for row in rows[:limit]], len(rows) > limit
+
+    # -- removing ---------------------------------------------------------------
+
+    def delete(self, file_id: str) -> StoredFile:
+        stored = self.get(file_id)
+        self._db.execute("DELETE FROM files WHERE id = ?", (file_id,))
+        for path in (stored.path, stored.dpo_path):
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+        return stored
+
+
+def _copy(source: BinaryIO, target: Path, max_bytes: int, filename: str) -> int:
+    size = 0
+    with target.open("wb") as out:
+        while chunk := source.read(_COPY_CHUNK):
+            size += len(chunk)
+            if size > max_bytes:
+                raise InvalidFile(
+                    f"{filename} is over this server's limit of {max_bytes} bytes per file (the operator sets it with"
+                    " FINETUNE_STUDIO_MAX_FILE_BYTES); split the file",
+                    param="file",
+                )
+            out.write(chunk)
+    return size
+
+
+def _stored(row: sqlite3.Row) -> StoredFile:
+    return StoredFile(
+        id=row["id"],
+        created_at=row["created_at"],
+        purpose=row["purpose"],
+        filename=row["filename"],
+        bytes=row["bytes"],
+        path=Path(row["path"]),
+        facts=FileFacts.from_json(json.loads(row["facts_json"])),
+    )

@@ -1,0 +1,321 @@
+"""Entry point of a job's Ray driver: `python -m finetune_studio.ray_train.driver --job-id ID --address ADDR`.
+
+The server starts it as it starts a training child (supervisor/ray_launcher.py) and
+it speaks the same wire (finetune_studio.wire): the spec then `stop` lines on
+stdin, status and progress lines on stdout, everything else in the job's
+worker.log. It:
+
+1. connects to the cluster, creates the job's sink actor (sink.py), and runs
+   `TorchTrainer.fit()` in a Ray task that asks for no CPU, so that a stop before
+   training can cancel the whole run at once;
+2. says what the job waits for while Ray places its workers (one placement group:
+   the job starts when every worker's share is free), then relays rank 0's lines
+   as they come (a long poll on the sink: no polling delay);
+3. turns a stop into the sink's flag (every rank stops after the same step and
+   saves), or, before training began, cancels the run;
+4. says so when Ray Train restarts the run after losing a worker (it resumes from
+   the job's last checkpoint), and reports the end itself when the run cannot:
+   `error` with `worker_died` naming the lost worker's node once `max_failures`
+   restarts are spent, a worker's own failure, or `stopped`.
+
+ray is imported after the first status, so the server hears from the driver at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import traceback
+from dataclasses import dataclass, field
+from typing import IO, Any, Optional
+
+from finetune_studio.schemas import Phase, TrainingStartRequest
+from finetune_studio.training.channel import Channel, StopSignal
+from finetune_studio.wire import JobFolder, WorkerSpec
+
+# How long one pull on the sink waits for a line: the longest a stop waits to be passed on.
+PULL_SECONDS = 0.25
+# The order of the running phases: a restarted run's early phases are not said again.
+ORDER: tuple[Phase, ...] = ("idle", "loading_model", "loading_dataset", "configuring", "training")
+# Phases the job may be told again with new words (jobs/phases.py).
+REPEATABLE: frozenset[str] = frozenset({"loading_model", "training"})
+TERMINAL: frozenset[str] = frozenset({"completed", "error", "stopped"})
+# What the workers' processes get in their environment, as a training child does (launcher.child_environment).
+WORKER_ENV = {"PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_DISABLE_TELEMETRY": "1"}
+
+
+def describe_resources(resources: dict[str, float]) -> str:
+    return ", ".join(f"{name} {value:g}" for name, value in sorted(resources.items())) or "nothing"
+
+
+def run_fit(config: dict[str, Any], num_workers: int, resources: dict[str, float], storage: str, name: str,
+            max_failures: int) -> None:
+    """The Ray task that runs Ray Train (on any node; it asks for no CPU)."""
+    from ray.train import FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    from finetune_studio.ray_train.worker import train_loop_per_worker
+
+    gpu = resources.get("GPU", 0) > 0
+    trainer = TorchTrainer(
+        train_loop_per_worker,
+        train_loop_config=config,
+        # The same code path for both: only the backend differs (NCCL is untested here, docs/SCALE-OUT.md).
+        torch_config=TorchConfig(backend="nccl" if gpu else "gloo"),
+        scaling_config=ScalingConfig(num_workers=num_workers, use_gpu=gpu, resources_per_worker=resources),
+        run_config=RunConfig(name=name, storage_path=storage, failure_config=FailureConfig(max_failures=max_failures)),
+    )
+    trainer.fit()
+
+
+@dataclass
+class Relay:
+    """What the driver knows of the run as it relays it."""
+
+    events: IO[str]
+    channel: Channel
+    facts: dict[str, Any]
+    max_failures: int
+    phase: Phase = "idle"
+    attempt: int = 1
+    training_started: bool = False
+    terminal: Optional[str] = None
+    restarts: list[str] = field(default_factory=list)
+
+    def say(self, phase: Phase, message: str, **details: Any) -> None:
+        self.phase = phase
+        self.channel.status(phase, message, details={**self.facts, **details})
+
+    def line(self, attempt: int, text: str, sink: Any) -> None:
+        """One of rank 0's lines: relayed unless a restarted run says again what was said."""
+        if attempt > self.attempt:
+            self.attempt = attempt
+            self.restarted(sink)
+        try:
+            message = json.loads(text)
+        except ValueError:
+            return
+        if message.get("type") == "status":
+            phase = str(message.get("phase"))
+            if phase in TERMINAL:
+                self.terminal = phase
+            elif phase in ORDER:
+                now, then = ORDER.index(phase), ORDER.index(self.phase) if self.phase in ORDER else 0
+                if now < then or (now == then and phase not in REPEATABLE):
+                    print(f"driver: not repeating {phase} of restart {attempt - 1}: {message.get('message')}", file=sys.stderr)
+                    return
+                self.training_started = self.training_started or phase == "training"
+                self.phase = phase  # type: ignore[assignment]  # checked against ORDER above
+            details = message.get("details")
+            if isinstance(details, dict):
+                details.update({key: value for key, value in self.facts.items() if key not in details})
+                if self.restarts:
+                    details["restarts"] = list(self.restarts)
+            text = json.dumps(message, separators=(",", ":"), allow_nan=False)
+        self.events.write(text + "\n")
+        self.events.flush()
+
+    def restarted(self, sink: Any) -> None:
+        import ray
+
+        lost = lost_workers(ray.get(sink.workers.remote()), self.attempt - 1)
+        what = f"A worker was lost ({lost})" if lost else "A worker was lost"
+        restart = self.attempt - 1
+        note = (f"{what}; Ray Train restarted the run (restart {restart} of at most {self.max_failures})"
+                " and it resumes from the job's last checkpoint")
+        self.restarts.append(note)
+        self.channel.warn(note)
+        if self.phase in REPEATABLE:
+            self.say(self.phase, note, restarts=list(self.restarts))
+
+
+def where(worker: dict[str, Any]) -> str:
+    return f"worker {worker.get('rank')} on node {worker.get('node_ip')} (node id {str(worker.get('node_id'))[:12]}, pid {worker.get('pid')})"
+
+
+def lost_workers(workers: list[dict[str, Any]], attempt: int) -> str:
+    """The workers of `attempt` whose process is gone, as words ('' when none can be named).
+
+    A worker's death is seen where it ran: its node's processes are asked through a
+    zero-CPU probe task pinned there (only on the rare restart or failure)."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    group = [w for w in workers if w.get("attempt") == attempt]
+    gone = []
+    alive_nodes = {node["NodeID"] for node in ray.nodes() if node.get("Alive")}
+    for worker in group:
+        node = str(worker.get("node_id"))
+        if node not in alive_nodes:
+            gone.append(f"{where(worker)}: the node is gone")
+            continue
+        probe = ray.remote(num_cpus=0)(_pid_alive).options(
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node, soft=False)
+        )
+        try:
+            alive = ray.get(probe.remote(int(worker.get("pid", 0))), timeout=30)
+        except Exception:  # noqa: BLE001 - a probe that fails names nothing
+            continue
+        if not alive:
+            gone.append(where(worker))
+    return "; ".join(gone)
+
+
+def _pid_alive(pid: int) -> bool:
+    """Whether pid is the same process that registered (not one that took its number since)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="finetune_studio.ray_train.driver")
+    parser.add_argument("--job-id", required=True)
+    parser.add_argument("--address", required=True, help="the Ray cluster (auto, HOST:PORT or ray://HOST:PORT)")
+    parser.add_argument("--max-failures", type=int, default=0)
+    parser.add_argument("--storage", required=True, help="Ray Train's storage_path (a shared folder or a URI)")
+    args = parser.parse_args(argv)
+
+    # Keep stdout for messages only: anything a library prints goes to the log.
+    events = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1, encoding="utf-8")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+
+    stop = StopSignal()
+    spec = WorkerSpec.from_line(sys.stdin.readline())
+    channel = Channel(events, stop)
+    stop.listen(sys.stdin)
+    facts: dict[str, Any] = {"output_dir": str(spec.output_dir)}
+    try:
+        request = TrainingStartRequest.model_validate(spec.request)
+    except ValueError as exc:
+        channel.status("error", "Training failed", error=f"the request is not valid: {exc}",
+                       details={**facts, "error_code": "config_invalid"})
+        return 1
+    resources = dict(request.resources_per_worker or {"CPU": 1.0})
+    facts["model_name"] = request.model_name
+    facts["ray"] = {"address": args.address, "num_workers": request.num_workers, "resources_per_worker": resources,
+                    "max_failures": args.max_failures, "backend": "nccl" if resources.get("GPU", 0) > 0 else "gloo"}
+    relay = Relay(events, channel, facts, args.max_failures)
+    relay.say("loading_model", f"Connecting to the Ray cluster at {args.address}")
+
+    import ray
+
+    try:
+        ray.init(address=args.address, runtime_env={"env_vars": WORKER_ENV}, log_to_driver=True)
+    except Exception as exc:  # noqa: BLE001 - ConnectionError, RuntimeError, ValueError: all mean no cluster
+        traceback.print_exc()
+        channel.status(
+            "error", "Training failed",
+            error=f"The Ray cluster at {args.address} could not be reached ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})."
+            " Start it (ray start --head), or start the server with the --ray-address of a running cluster"
+            " (docs/SCALE-OUT.md).",
+            details={**facts, "error_code": "cluster_unavailable"},
+        )
+        return 1
+    try:
+        return drive(relay, spec, request, resources, args, stop)
+    finally:
+        ray.shutdown()
+
+
+def drive(relay: Relay, spec: WorkerSpec, request: TrainingStartRequest, resources: dict[str, float],
+          args: argparse.Namespace, stop: StopSignal) -> int:
+    import ray
+    from ray.exceptions import TaskCancelledError
+
+    from finetune_studio.ray_train.sink import EventSink
+
+    sink = ray.remote(EventSink).options(name=f"finetune-studio-sink-{spec.job_id}", num_cpus=0).remote()  # type: ignore[attr-defined]
+    config = {"spec": spec.to_line().decode(), "sink": sink}
+    fit = ray.remote(num_cpus=0, max_retries=0)(run_fit)
+    ref = fit.remote(config, request.num_workers, resources, args.storage, spec.job_id, args.max_failures)
+
+    total = ray.cluster_resources()
+    free = ray.available_resources()
+    asked = {name: value * request.num_workers for name, value in resources.items()}
+    relay.say(
+        "loading_model",
+        f"Waiting for the Ray cluster to place {request.num_workers} worker{'s' if request.num_workers > 1 else ''}"
+        f" with {describe_resources(resources)} each (in all {describe_resources(asked)}; free now:"
+        f" {describe_resources({k: free.get(k, 0.0) for k in asked})} of {describe_resources({k: total.get(k, 0.0) for k in asked})})",
+        waiting_for={"num_workers": request.num_workers, "resources_per_worker": resources},
+    )
+
+    cancelled = False
+    stop_passed = False
+    while True:
+        if stop.is_set() and not stop_passed:
+            stop_passed = True
+            ray.get(sink.request_stop.remote())
+            if not relay.training_started:
+                # Nothing trained yet (waiting for the cluster, or loading): end the whole run now.
+                ray.cancel(ref, force=True)
+                cancelled = True
+        for attempt, line in ray.get(sink.pull.remote(PULL_SECONDS)):
+            relay.line(attempt, line, sink)
+        done, _ = ray.wait([ref], timeout=0)
+        if done:
+            break
+    while lines := ray.get(sink.pull.remote(0.05)):
+        for attempt, line in lines:
+            relay.line(attempt, line, sink)
+
+    try:
+        ray.get(ref)
+    except TaskCancelledError:
+        pass
+    except Exception as exc:  # noqa: BLE001 - how the run failed is reported below, in words
+        traceback.print_exc()
+        if relay.terminal is None:
+            return failed(relay, spec, exc, sink)
+    if relay.terminal is not None:
+        return 0 if relay.terminal == "completed" else 1
+    if stop.is_set() or cancelled:
+        relay.channel.status(
+            "stopped", f"Stopped during {relay.phase} ({stop.reason}); nothing was trained",
+            details={**relay.facts, **JobFolder(spec.output_dir).outputs()},
+        )
+        return 0
+    relay.channel.status("error", "Training failed", error="The Ray run ended without reporting how (see the job's worker.log)",
+                         details={**relay.facts, "error_code": "internal_error"})
+    return 1
+
+
+def failed(relay: Relay, spec: WorkerSpec, exc: BaseException, sink: Any) -> int:
+    """The run failed past what Ray Train retries: a worker's own error, or a lost worker."""
+    import ray
+
+    details: dict[str, Any] = {**relay.facts, **JobFolder(spec.output_dir).outputs()}
+    checkpoint = JobFolder(spec.output_dir).last_checkpoint()
+    if checkpoint is not None:
+        details["last_checkpoint"] = str(checkpoint)
+    if relay.restarts:
+        details["restarts"] = list(relay.restarts)
+    failures = ray.get(sink.failures.remote())
+    if failures:
+        last = failures[-1]
+        relay.channel.status("error", "Training failed", error=f"{where(last).capitalize()}: {last['error']}",
+                             details={**details, "error_code": last["error_code"]})
+        return 1
+    lost = lost_workers(ray.get(sink.workers.remote()), relay.attempt)
+    reason = str(exc).strip().splitlines()
+    cause = next((line.strip() for line in reason if "died" in line.lower() or "lost" in line.lower()), reason[0] if reason else type(exc).__name__)
+    spent = (f"after {relay.max_failures} restart{'s' if relay.max_failures != 1 else ''} (max_failures)"
+             if relay.max_failures else "and max_failures is 0, so the run is not restarted")
+    kept = f" Its last checkpoint is {checkpoint}: start the job again with resume_from_checkpoint {spec.job_id!r} to go on." if checkpoint else ""
+    relay.channel.status(
+        "error", "Training failed",
+        error=f"A Ray worker was lost: {lost or 'see the cause below'}; the run failed {spent}.{kept} Ray said: {cause}",
+        details={**details, "error_code": "worker_died", "lost_workers": lost},
+    )
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,119 @@
+"""The server's side of dataset inspections: one short-lived child per inspection.
+
+`Inspector.inspect(body)` starts `python -m finetune_studio.training.inspect_child`,
+writes the request to its stdin as one JSON line, and reads its one answer line
+(the wire is drawn in that module's docstring). It never waits behind a training
+job: inspections have slots of their own (`max_concurrent_inspections`; one more is
+refused at once with `InspectionBusy`, 429), and each is bounded in time
+(`inspect_timeout_seconds`: the child is killed and the answer is
+`InspectionFailed`, 503). A child that dies or answers nothing is an
+`InspectionFailed` that says why, with the last lines of its log
+(`<data-dir>/inspect.log`, every child's stderr). Whatever happens to the request
+(its client gone, the server stopping), the child is killed and reaped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import sys
+import time
+from typing import Any, Optional
+
+from finetune_studio.config import Settings
+from finetune_studio.errors import InspectionBusy, InspectionFailed
+from finetune_studio.supervisor.inference import describe_exit
+from finetune_studio.supervisor.launcher import child_environment, log_tail
+from finetune_studio.wire import MAX_MESSAGE_BYTES
+
+INSPECT_MODULE = "finetune_studio.training.inspect_child"
+LOG_NAME = "inspect.log"
+_START_MARK = "--- finetune-studio: dataset inspection"
+RETRY_AFTER_SECONDS = 2
+
+
+class Inspector:
+    """Runs dataset inspections in children, a few at a time (see the module docstring)."""
+
+    def __init__(self, settings: Settings, module: str = INSPECT_MODULE, python: Optional[str] = None) -> None:
+        self.module = module
+        self.python = python or settings.worker_python or sys.executable
+        self.slots = settings.max_concurrent_inspections
+        self.timeout = settings.inspect_timeout_seconds
+        self.log_path = settings.data_dir / LOG_NAME
+        self.running = 0
+
+    async def inspect(self, body: dict[str, Any]) -> dict[str, Any]:
+        """The child's `DatasetInspection` (as JSON) for a validated request body (secrets included)."""
+        if self.running >= self.slots:
+            raise InspectionBusy(
+                f"{self.running} dataset inspections are running, as many as this server runs at once; try again in a"
+                " moment (the operator sets the limit with FINETUNE_STUDIO_MAX_CONCURRENT_INSPECTIONS)"
+            )
+        self.running += 1
+        try:
+            return await self._run(body)
+        finally:
+            self.running -= 1
+
+    async def _run(self, body: dict[str, Any]) -> dict[str, Any]:
+        process = await self._start()
+        try:
+            try:
+                out, _ = await asyncio.wait_for(
+                    process.communicate(json.dumps(body).encode() + b"\n"), self.timeout
+                )
+            except asyncio.TimeoutError:
+                raise InspectionFailed(
+                    f"the dataset inspection took longer than {self.timeout:g} s and was stopped; inspect fewer or"
+                    " smaller files, or the operator raises FINETUNE_STUDIO_INSPECT_TIMEOUT_SECONDS"
+                ) from None
+        finally:
+            # Killed whatever ended the wait (a timeout, the client gone, the server stopping).
+            if process.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    process.kill()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.shield(process.wait())
+        answer = _answer(out)
+        if answer is not None and answer.get("type") == "inspection" and isinstance(answer.get("inspection"), dict):
+            inspection: dict[str, Any] = answer["inspection"]
+            return inspection
+        if answer is not None and answer.get("type") == "failed":
+            raise InspectionFailed(f"the dataset inspection failed: {answer.get('message')}")
+        tail = log_tail(self.log_path, after=_START_MARK)
+        what = describe_exit(process.returncode).replace("the inference process", "the dataset inspection's process")
+        raise InspectionFailed(f"{what} before it answered" + (f". Last lines of {self.log_path}:\n{tail}" if tail else ""))
+
+    async def _start(self) -> asyncio.subprocess.Process:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        argv = [self.python, "-m", self.module]
+        try:
+            with open(self.log_path, "ab") as log_file:
+                log_file.write(f"{_START_MARK} at {time.strftime('%Y-%m-%d %H:%M:%S')} ---\n".encode())
+                log_file.flush()
+                return await asyncio.create_subprocess_exec(
+                    *argv,
+                    stdin=asyncio.subprocess.PIPE,
+                    stdout=asyncio.subprocess.PIPE,
+                    stderr=log_file,
+                    env=child_environment(os.environ),
+                    start_new_session=True,  # a Ctrl-C meant for the server does not reach it
+                    limit=MAX_MESSAGE_BYTES,
+                )
+        except OSError as exc:
+            raise InspectionFailed(f"the dataset inspection's process could not start ({' '.join(argv)}): {exc}") from exc
+
+
+def _answer(out: bytes) -> Optional[dict[str, Any]]:
+    """The child's answer: its last line that is a JSON object."""
+    for line in reversed(out.splitlines()):
+        try:
+            message = json.loads(line)
+        except (json.JSONDecodeError, RecursionError, UnicodeDecodeError):
+            continue
+        if isinstance(message, dict):
+            return message
+    return None

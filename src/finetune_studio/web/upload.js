@@ -1,0 +1,148 @@
+// Data files from this computer: dropped on the form or picked, uploaded to the
+// server's one file store (POST /v1/files, purpose "studio": checked there, kept
+// under its data dir), named in the form's dataset list, listed for reuse (GET
+// /v1/files), and previewed: the first rows as a job would read them (POST
+// /datasets/inspect, where the server has it).
+
+import { api, ApiError } from "./api.js";
+import { inWords } from "./fields.js";
+
+const PURPOSE = "studio";
+
+function element(tag, text = "", className = "") {
+  const el = document.createElement(tag);
+  if (text) el.textContent = text;
+  if (className) el.className = className;
+  return el;
+}
+
+function size(bytes) {
+  if (bytes >= 1e6) return `${(bytes / 1e6).toFixed(1)} MB`;
+  if (bytes >= 1e3) return `${(bytes / 1e3).toFixed(1)} kB`;
+  return `${bytes} bytes`;
+}
+
+/** What a training request names for a stored file: its path on the server where the store says it, else its id. */
+export function datasetName(file) {
+  return file.path || file.local_path || file.id;
+}
+
+export class Uploads {
+  constructor(form) {
+    this.form = form;
+    this.zone = form.querySelector("#dropzone");
+    this.input = form.querySelector("#upload-input");
+    this.state = form.querySelector("#upload-state");
+    this.listBox = form.querySelector("#uploads");
+    this.list = form.querySelector("#upload-list");
+    this.preview = form.querySelector("#data-preview");
+    this.files = [];
+    this.input.addEventListener("change", () => {
+      this.upload([...this.input.files]);
+      this.input.value = "";
+    });
+    this.zone.addEventListener("dragover", (event) => {
+      event.preventDefault();
+      this.zone.dataset.over = "true";
+    });
+    this.zone.addEventListener("dragleave", () => delete this.zone.dataset.over);
+    this.zone.addEventListener("drop", (event) => {
+      event.preventDefault();
+      delete this.zone.dataset.over;
+      this.upload([...(event.dataTransfer ? event.dataTransfer.files : [])]);
+    });
+  }
+
+  /** The files uploaded before (this server's studio files). */
+  async load() {
+    try {
+      const answer = await api(`v1/files?purpose=${PURPOSE}`);
+      this.files = (answer.data || []).filter((file) => file.purpose === PURPOSE);
+      this.renderList();
+    } catch {
+      // no file store on this server, or no token yet: nothing to list
+    }
+  }
+
+  say(text, isError = false) {
+    this.state.textContent = text;
+    this.state.dataset.error = String(isError);
+  }
+
+  async upload(files) {
+    if (!files.length) return;
+    for (const file of files) {
+      this.say(`Uploading ${file.name} (${size(file.size)})…`);
+      const body = new FormData();
+      body.append("purpose", PURPOSE);
+      body.append("file", file, file.name);
+      try {
+        const stored = await api("v1/files", { method: "POST", body });
+        this.files = [stored, ...this.files.filter((known) => known.id !== stored.id)];
+        this.use(stored);
+        this.say(`Uploaded ${stored.filename} (${size(stored.bytes)}), checked and stored on the server.`);
+      } catch (error) {
+        const text = error instanceof ApiError ? error.lines.join(" ") : String(error.message || error);
+        const why = error instanceof ApiError && error.status === 404 ? "this server has no file store (/v1/files)" : text;
+        this.say(`${file.name} was not uploaded: ${inWords(why)}`, true);
+      }
+    }
+    this.renderList();
+  }
+
+  /** Name a stored file in the form's dataset list (once), and preview it. */
+  use(file) {
+    const input = this.form.elements.local_datasets;
+    const name = datasetName(file);
+    const lines = input.value.split(/\r?\n/).map((line) => line.trim()).filter(Boolean);
+    if (!lines.includes(name)) lines.push(name);
+    input.value = lines.join("\n");
+    input.dispatchEvent(new Event("input", { bubbles: true }));
+    this.showPreview(name, file.filename);
+  }
+
+  renderList() {
+    this.listBox.hidden = this.files.length === 0;
+    this.form.querySelector("#uploads-count").textContent = String(this.files.length);
+    const items = this.files.map((file) => {
+      const li = element("li");
+      li.dataset.fileId = file.id;
+      const name = element("span", file.filename, "upload-name");
+      name.title = `${file.filename} · ${file.id}`;
+      const use = element("button", "Use", "btn btn-small");
+      use.type = "button";
+      use.dataset.testid = "upload-use";
+      use.setAttribute("aria-label", `Use ${file.filename}`);
+      use.addEventListener("click", () => this.use(file));
+      li.append(name, element("span", size(file.bytes), "muted"), use);
+      return li;
+    });
+    this.list.replaceChildren(...items);
+  }
+
+  /** The first rows of `name` as a job would read them (POST /datasets/inspect). */
+  async showPreview(name, filename) {
+    this.preview.hidden = false;
+    this.preview.replaceChildren(element("p", `Reading ${filename}…`, "muted"));
+    try {
+      const found = await api("datasets/inspect", {
+        method: "POST",
+        body: { local_datasets: [name], format_type: this.form.elements.format_type.value || "auto", preview_rows: 3 },
+      });
+      const head = found.ok
+        ? `${filename}: ${found.rows} rows, read as ${found.shape}${found.detected ? " (detected)" : ""}`
+        : `${filename}: ${found.error || "this data cannot be trained on"}`;
+      const parts = [element("strong", head)];
+      for (const row of found.preview || []) {
+        const text = row.text ?? (row.messages || []).map((m) => `${m.role}: ${m.content}`).join("\n");
+        const pre = element("pre", String(text ?? JSON.stringify(row)).slice(0, 600));
+        parts.push(pre);
+      }
+      this.preview.dataset.ok = String(Boolean(found.ok));
+      this.preview.replaceChildren(...parts);
+    } catch (error) {
+      // No inspection on this server (404), or busy: the upload itself was checked.
+      this.preview.hidden = true;
+    }
+  }
+}

@@ -1,0 +1,483 @@
+"""The page in a real Chromium at a laptop's 1280x800 and a phone's 390x844
+(issue 19): it never scrolls sideways in any state, mistakes show at their
+fields before anything is queued, a wrong token is refused in words, runs can be
+run again, resumed, renamed and deleted, and a file uploaded through the page
+trains.
+
+Most tests run the real server in this process with a scripted worker (no
+training): each job's `project_name` says what it does (`completed`, `failed`,
+`stopped`, `held`: it waits in loading_model until the test lets it go, then
+trains until stopped), with the long messages and paths real runs have. The
+upload test trains the tiny model for real. Screenshots of every state are kept
+under test-artifacts/screens/.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any, Optional
+
+import httpx
+import pytest
+
+from finetune_studio.config import Settings
+from finetune_studio.supervisor.launcher import WorkerExit
+from finetune_studio.wire import WorkerSpec
+from tests.conftest import DEMO_DATA, REPO, job_request, wait_for
+from tests.reliability.conftest import LiveServer
+
+pytestmark = pytest.mark.browser
+
+SCREENS = REPO / "test-artifacts" / "screens"
+SECOND = 1000  # Playwright timeouts are in milliseconds
+LAPTOP = {"width": 1280, "height": 800}
+PHONE = {"width": 390, "height": 844}
+TOKEN = "page-test-token-5b1e"
+OVERFLOW = "document.scrollingElement.scrollWidth - window.innerWidth"
+# A model folder with the long path real ones have: it exists (admission checks that).
+LONG = "a-rather-long-model-folder-name-as-people-make-them-" + "x" * 60
+
+
+class ScriptedHandle:
+    """A worker that is no process: it plays the script its request's project_name names."""
+
+    pid: Optional[int] = None
+
+    def __init__(self, spec: WorkerSpec, held: threading.Event) -> None:
+        self.spec = spec
+        self.log_path = spec.output_dir / "worker.log"
+        self.held = held
+        self.stop = asyncio.Event()
+
+    async def messages(self) -> AsyncIterator[dict[str, Any]]:
+        request = self.spec.request
+        script = str(request.get("project_name") or "completed").split()[0]
+        out = self.spec.output_dir
+        out.mkdir(parents=True, exist_ok=True)
+        self.log_path.write_text("scripted worker\n")
+        model = str(request["model_name"])
+        yield status("loading_model", f"Loading model {model} (reading every row of {request['local_datasets'][0]} first)")
+        if script == "held":
+            while not self.held.is_set() and not self.stop.is_set():
+                await asyncio.sleep(0.02)
+        yield status("loading_dataset", f"Read {len(request['local_datasets'])} files: 50 rows (alpaca), 0 bad rows")
+        if script == "failed":
+            yield status(
+                "error",
+                "The dataset could not be read",
+                error=f"{request['local_datasets'][0]} line 3: the row has no 'instruction' field; every alpaca row needs"
+                " instruction and output (found keys: question, answer). Set format_type, or custom_format_mapping to"
+                " read these columns as they are: " + "/very/long/path/segment" * 8,
+                details={"error_code": "dataset_invalid"},
+            )
+            return
+        yield status("configuring", "Preparing the trainer")
+        total = 200
+        yield status("training", f"Training for {total} steps", total_steps=total)
+        steps = 30
+        for step in range(1, steps + 1):
+            yield progress(step, total)
+        if script == "held":
+            await self.stop.wait()
+        checkpoint = out / "checkpoints" / f"checkpoint-{steps}"
+        checkpoint.mkdir(parents=True, exist_ok=True)
+        (checkpoint / "trainer_state.json").write_text("{}")
+        adapter = out / "adapter"
+        adapter.mkdir(exist_ok=True)
+        (adapter / "adapter_model.safetensors").write_bytes(b"\0" * 64)
+        saved = {"adapter_dir": str(adapter), "output_dir": str(out), "last_checkpoint": str(checkpoint), "steps": steps}
+        if script in ("stopped", "held"):
+            message = f"Stopped at step {steps} of {total} (a stop was requested); what was trained is saved in {adapter}"
+            yield status("stopped", message, **saved)
+        else:
+            yield status("completed", f"Trained {steps} steps; the adapter is saved in {adapter}", train_loss=0.5, **saved)
+
+    async def request_stop(self) -> None:
+        self.stop.set()
+
+    def terminate(self) -> None:
+        self.stop.set()
+
+    def kill(self) -> None:
+        self.stop.set()
+
+    async def wait(self) -> WorkerExit:
+        return WorkerExit(0)
+
+
+def status(phase: str, message: str, error: Optional[str] = None, **details: Any) -> dict[str, Any]:
+    return {"type": "status", "phase": phase, "message": message, "error": error, "details": details}
+
+
+def progress(step: int, total: int) -> dict[str, Any]:
+    values = {"step": step, "total_steps": total, "loss": 2.0 / step, "learning_rate": 2e-4,
+              "progress_percent": 100.0 * step / total, "epoch": step / total, "num_tokens": 512 * step}
+    return {"type": "progress", "progress": values}
+
+
+class ScriptedLauncher:
+    def __init__(self) -> None:
+        self.held = threading.Event()  # lets `held` jobs go on from loading_model
+
+    async def launch(self, spec: WorkerSpec) -> ScriptedHandle:
+        return ScriptedHandle(spec, self.held)
+
+
+class Studio:
+    """A live server with the scripted worker, the files its requests name, and HTTP helpers."""
+
+    def __init__(self, server: LiveServer, launcher: ScriptedLauncher, root: Path, token: Optional[str]) -> None:
+        self.server, self.launcher, self.url = server, launcher, server.url
+        self.model = root / "models" / LONG
+        self.model.mkdir(parents=True)
+        (self.model / "config.json").write_text("{}")
+        self.data = root / "data-files" / "train.jsonl"
+        self.data.parent.mkdir()
+        self.data.write_text('{"instruction": "hi", "output": "hello"}\n')
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.http = httpx.Client(base_url=server.url, headers=headers, timeout=30)
+
+    def request(self, script: str, **fields: Any) -> dict[str, Any]:
+        body = job_request(self.model, local_datasets=[str(self.data)], project_name=script)
+        body.update(fields)
+        return body
+
+    def start(self, script: str, **fields: Any) -> str:
+        answer = self.http.post("/train/start", json=self.request(script, **fields))
+        assert answer.status_code == 200, answer.text
+        return str(answer.json()["job_id"])
+
+    def phase(self, job_id: str) -> str:
+        return str(self.http.get(f"/train/status/{job_id}").json()["phase"])
+
+    def wait_phase(self, job_id: str, *phases: str) -> None:
+        wait_for(lambda: self.phase(job_id) in phases, timeout=30, what=f"job {job_id} to be {phases}")
+
+    def detail(self, job_id: str) -> dict[str, Any]:
+        answer = self.http.get(f"/train/jobs/{job_id}")
+        assert answer.status_code == 200, answer.text
+        return answer.json()  # type: ignore[no-any-return]
+
+
+@pytest.fixture
+def studio(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Studio]:
+    monkeypatch.chdir(REPO)
+    launcher = ScriptedLauncher()
+    with LiveServer(Settings(data_dir=tmp_path / "data", stop_grace_seconds=5, kill_grace_seconds=1), launcher) as server:
+        studio = Studio(server, launcher, tmp_path, None)
+        yield studio
+        launcher.held.set()
+        studio.http.close()
+
+
+@pytest.fixture
+def page_at(browser: Any) -> Iterator[Any]:
+    """page_at(viewport) -> a fresh page of that size; uncaught page errors fail the test."""
+    contexts: list[Any] = []
+    errors: list[str] = []
+
+    def make(viewport: dict[str, int]) -> Any:
+        context = browser.new_context(viewport=viewport)
+        context.set_default_timeout(20 * SECOND)
+        contexts.append(context)
+        page = context.new_page()
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        return page
+
+    yield make
+    for context in contexts:
+        context.close()
+    assert not errors, f"uncaught errors in the page: {errors}"
+
+
+def open_page(page: Any, url: str, fragment: str = "") -> None:
+    page.goto(f"{url}/{fragment}")
+    page.wait_for_selector("body[data-ready=true]", state="attached", timeout=20 * SECOND)
+
+
+def show_job(page: Any, job_id: str, phase: str) -> None:
+    page.evaluate(f"location.hash = 'job={job_id}'")
+    page.wait_for_function(
+        f"window.__studio.jobId() === '{job_id}' && window.__studio.phase() === '{phase}'", timeout=20 * SECOND
+    )
+    page.wait_for_selector(f"[data-testid=job-item][data-job-id='{job_id}']", timeout=10 * SECOND)
+    # The view draws once per animation frame: let the frame after the data arrived pass.
+    page.evaluate("new Promise((done) => requestAnimationFrame(() => requestAnimationFrame(done)))")
+
+
+def assert_fits(page: Any, what: str) -> None:
+    """Nothing scrolls sideways, and the whole screenshot is kept."""
+    width = page.viewport_size["width"]
+    overflow = page.evaluate(OVERFLOW)
+    SCREENS.mkdir(parents=True, exist_ok=True)
+    page.mouse.move(0, 0)
+    page.screenshot(path=str(SCREENS / f"{what}-{width}.png"), full_page=True)
+    if overflow > 0:
+        wide = page.evaluate(
+            """() => [...document.querySelectorAll("body *")]
+                 .filter((el) => el.getBoundingClientRect().right > window.innerWidth + 0.5 && el.getClientRects().length)
+                 .slice(0, 5).map((el) => `${el.tagName}.${el.className} ${Math.round(el.getBoundingClientRect().right)}`)"""
+        )
+        raise AssertionError(f"{what} at {width} px scrolls sideways by {overflow} px; too wide: {wide}")
+
+
+@pytest.mark.parametrize("viewport", [LAPTOP, PHONE], ids=["laptop", "phone"])
+def test_nothing_scrolls_sideways_in_any_state(studio: Studio, page_at: Any, viewport: dict[str, int]) -> None:
+    page = page_at(viewport)
+    open_page(page, studio.url)
+    assert_fits(page, "empty")
+
+    ended = {script: studio.start(script) for script in ("completed", "failed", "stopped")}
+    for script, job_id in ended.items():
+        studio.wait_phase(job_id, script if script != "failed" else "error")
+    held = studio.start("held")
+    studio.wait_phase(held, "loading_model")
+    queued = studio.start("completed queued behind the held run")
+
+    show_job(page, held, "loading_model")
+    assert "Loading model" in page.locator("#job-message").inner_text()
+    assert_fits(page, "loading")
+    show_job(page, queued, "idle")
+    assert_fits(page, "queued")
+
+    studio.launcher.held.set()
+    show_job(page, held, "training")
+    page.wait_for_function("window.__studio.points('loss') >= 30", timeout=20 * SECOND)
+    assert_fits(page, "training")
+
+    for state, phase in (("completed", "completed"), ("failed", "error"), ("stopped", "stopped")):
+        show_job(page, ended[state], phase)
+        assert_fits(page, state)
+    # The phases in words for screen readers: the failed phase says so.
+    assert page.locator("[data-testid=phase-timeline] li[data-phase=end] [data-testid=phase-state]").inner_text() == ": stopped here"
+
+    studio.http.post(f"/train/stop/{held}")
+    studio.wait_phase(queued, "completed")
+
+
+def test_the_list_of_runs_grows_and_is_searched_and_filtered(studio: Studio, page_at: Any) -> None:
+    ids = [studio.start("completed" if number % 3 else "failed", project_name=f"{'completed' if number % 3 else 'failed'} run-{number}")
+           for number in range(12)]
+    for job_id in ids:
+        studio.wait_phase(job_id, "completed", "error")
+    page = page_at(LAPTOP)
+    open_page(page, studio.url)
+    items = page.locator("[data-testid=job-item]")
+    page.wait_for_function("document.querySelectorAll('[data-testid=job-item]').length === 12", timeout=10 * SECOND)
+    # Every run is in view of the page's scroll: the list has no box of its own to scroll.
+    assert page.evaluate("getComputedStyle(document.querySelector('[data-testid=job-list]')).overflowY") == "visible"
+
+    page.get_by_test_id("job-search").fill("run-7")
+    page.wait_for_function("document.querySelectorAll('[data-testid=job-item]').length === 1", timeout=5 * SECOND)
+    assert "run-7" in items.first.inner_text()
+    page.get_by_test_id("job-search").fill("")
+    page.get_by_test_id("job-filter").select_option("error")
+    page.wait_for_function("document.querySelectorAll('[data-testid=job-item]').length === 4", timeout=5 * SECOND)
+    assert set(items.evaluate_all("els => els.map((el) => el.dataset.phase)")) == {"error"}
+    assert page.get_by_test_id("jobs-count").inner_text() == "4 of 12"
+
+
+@pytest.mark.parametrize("viewport", [LAPTOP, PHONE], ids=["laptop", "phone"])
+def test_mistakes_show_at_their_fields_and_nothing_is_queued(studio: Studio, page_at: Any, viewport: dict[str, int]) -> None:
+    page = page_at(viewport)
+    open_page(page, studio.url)
+    field = page.get_by_test_id
+    field("field-format_type").select_option("alpaca")
+
+    # Letters in a number field: refused as they are typed, beside the field.
+    field("field-max_steps").fill("abc")
+    error = field("error-max_steps")
+    error.wait_for(state="visible", timeout=5 * SECOND)
+    assert "whole number" in error.inner_text() and "abc" in error.inner_text()
+    assert field("field-max_steps").get_attribute("aria-invalid") == "true"
+    field("field-model_name").fill(str(studio.model))
+    field("field-local_datasets").fill(str(studio.data))
+    field("start-button").click()
+    assert field("field-max_steps").evaluate("el => el === document.activeElement")
+    assert "Max steps" in field("start-error").inner_text()
+    field("field-max_steps").fill("4")
+    assert not error.is_visible()
+
+    # A model path that does not exist: the server's 400 names the field; shown there in its words.
+    missing = studio.model.parent / "no-such-model"
+    field("field-model_name").fill(str(missing))
+    field("start-button").click()
+    model_error = field("error-model_name")
+    model_error.wait_for(state="visible", timeout=10 * SECOND)
+    assert str(missing) in model_error.inner_text() and "does not exist" in model_error.inner_text()
+    assert "model_name" not in model_error.inner_text()
+    assert field("field-model_name").get_attribute("aria-invalid") == "true"
+    assert_fits(page, "form-errors")
+
+    # A dataset file that does not exist: at the dataset field.
+    field("field-model_name").fill(str(studio.model))
+    field("field-local_datasets").fill(str(studio.data.parent / "nope.jsonl"))
+    field("start-button").click()
+    data_error = field("error-local_datasets")
+    data_error.wait_for(state="visible", timeout=10 * SECOND)
+    assert "nope.jsonl" in data_error.inner_text() and "Dataset files" in data_error.inner_text()
+    assert not model_error.is_visible()
+
+    # A schema error (422) lands at its field too.
+    field("field-local_datasets").fill(str(studio.data))
+    field("field-batch_size").fill("0")
+    field("start-button").click()
+    batch_error = field("error-batch_size")
+    batch_error.wait_for(state="visible", timeout=10 * SECOND)
+    assert "greater than or equal to 1" in batch_error.inner_text()
+    assert studio.http.get("/train/jobs").json()["count"] == 0, "a refused start queued a job"
+
+    # Fixed: it starts, and on a phone the run's live view comes into sight.
+    field("field-batch_size").fill("2")
+    field("field-project_name").fill("completed from the form")
+    field("start-button").click()
+    page.wait_for_function("window.__studio.phase() === 'completed'", timeout=30 * SECOND)
+    box = page.get_by_test_id("job-view").bounding_box()
+    assert box is not None and box["y"] < viewport["height"] / 2, f"the run's view is not in sight: {box}"
+    sent = studio.detail(page.evaluate("window.__studio.jobId()"))["request"]
+    # The defaults fit this machine (no CUDA here): nothing it cannot do is asked.
+    system = studio.http.get("/system").json()
+    assert sent["load_in_4bit"] == system["recommended"]["load_in_4bit"]
+    assert sent["optim"] == system["recommended"]["optim"]
+    assert "warnings" not in (studio.http.get("/train/jobs").json()["data"][0]["details"] or {})
+
+
+def test_a_wrong_token_is_refused_in_words(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, page_at: Any) -> None:
+    monkeypatch.chdir(REPO)
+    launcher = ScriptedLauncher()
+    settings = Settings(data_dir=tmp_path / "data", token=TOKEN)
+    with LiveServer(settings, launcher) as server:
+        studio = Studio(server, launcher, tmp_path, TOKEN)
+        job_id = studio.start("completed")
+        studio.wait_phase(job_id, "completed")
+        page = page_at(PHONE)
+        open_page(page, server.url)
+        dialog = page.get_by_test_id("settings-dialog")
+        dialog.wait_for(state="visible", timeout=10 * SECOND)
+
+        page.get_by_test_id("token-input").fill("not-the-token")
+        page.get_by_test_id("token-input").press("Enter")
+        problem = page.get_by_test_id("settings-error")
+        problem.wait_for(state="visible", timeout=10 * SECOND)
+        assert "refused this token" in problem.inner_text()
+        assert dialog.is_visible(), "a refused token closed the dialog"
+        assert page.get_by_test_id("token-state").inner_text() == "token rejected"
+        assert_fits(page, "token-rejected")
+
+        page.locator("#settings-cancel").click()
+        dialog.wait_for(state="hidden", timeout=5 * SECOND)
+        empty = page.get_by_test_id("jobs-empty")
+        assert "API token" in empty.inner_text() and "No runs yet" not in empty.inner_text()
+
+        page.get_by_test_id("settings-button").click()
+        page.get_by_test_id("token-input").fill(TOKEN)
+        page.get_by_test_id("token-input").press("Enter")
+        dialog.wait_for(state="hidden", timeout=10 * SECOND)
+        page.wait_for_selector(f"[data-testid=job-item][data-job-id='{job_id}']", timeout=10 * SECOND)
+        assert page.get_by_test_id("token-state").inner_text() == "token set"
+        studio.http.close()
+
+
+def test_run_again_reproduces_a_runs_request(studio: Studio, page_at: Any) -> None:
+    eval_file = studio.data.with_name("eval.jsonl")
+    eval_file.write_text(studio.data.read_text())
+    original = studio.start(
+        "completed",
+        local_eval_datasets=[str(eval_file)],
+        eval_steps=0.25,
+        packing=True,
+        train_on_completions=True,
+        lora_dropout=0.05,
+        target_modules=["q_proj", "v_proj"],
+        warmup_ratio=0.1,
+        gradient_accumulation_steps=2,
+        random_seed=7,
+        lr_scheduler_type="cosine",
+        optim="adamw_torch",
+        load_in_4bit=False,
+        dataset_slice_end=40,
+        custom_format_mapping={"instruction": "user", "output": "assistant"},
+    )
+    studio.wait_phase(original, "completed")
+    page = page_at(LAPTOP)
+    open_page(page, studio.url, f"#job={original}")
+    page.wait_for_function("window.__studio.phase() === 'completed'", timeout=20 * SECOND)
+
+    page.get_by_test_id("run-settings").locator("summary").click()
+    page.wait_for_selector("[data-testid=settings-list] dd[data-field=target_modules]", timeout=10 * SECOND)
+    assert page.locator("[data-testid=settings-list] dd[data-field=target_modules]").inner_text() == "q_proj, v_proj"
+
+    page.get_by_test_id("run-again").click()
+    page.wait_for_function("document.querySelector('[data-testid=field-model_name]').value !== ''", timeout=10 * SECOND)
+    assert page.get_by_test_id("advanced").evaluate("el => el.open"), "Advanced holds changed fields: it opens"
+    assert page.get_by_test_id("field-packing").is_checked()
+    page.get_by_test_id("start-button").click()
+    page.wait_for_function(f"window.__studio.jobId() && window.__studio.jobId() !== '{original}'", timeout=10 * SECOND)
+    again = page.evaluate("window.__studio.jobId()")
+    assert studio.detail(again)["request"] == studio.detail(original)["request"]
+
+
+def test_resume_rename_and_delete_a_run(studio: Studio, page_at: Any) -> None:
+    stopped = studio.start("stopped")
+    studio.wait_phase(stopped, "stopped")
+    folder = studio.server.data_dir / "jobs" / stopped
+    checkpoint = folder / "checkpoints" / "checkpoint-30"
+    assert checkpoint.is_dir()
+    page = page_at(PHONE)
+    open_page(page, studio.url, f"#job={stopped}")
+    page.wait_for_function("window.__studio.phase() === 'stopped'", timeout=20 * SECOND)
+
+    # Rename: the server keeps the new label; the list shows it.
+    page.get_by_test_id("rename-button").click()
+    page.get_by_test_id("rename-input").fill("stopped, renamed")
+    page.get_by_test_id("rename-input").press("Enter")
+    page.wait_for_selector(f"[data-testid=job-item][data-job-id='{stopped}'] >> text=stopped, renamed", timeout=10 * SECOND)
+    assert studio.detail(stopped)["request"]["project_name"] == "stopped, renamed"
+    assert page.get_by_test_id("rename-button").evaluate("el => el === document.activeElement"), "focus left the rename"
+
+    # Resume: a new job from the stopped run's checkpoint.
+    page.get_by_test_id("resume-button").click()
+    page.wait_for_function(f"window.__studio.jobId() && window.__studio.jobId() !== '{stopped}'", timeout=10 * SECOND)
+    resumed = page.evaluate("window.__studio.jobId()")
+    assert studio.detail(resumed)["request"]["resume_from_checkpoint"] == str(checkpoint)
+    studio.wait_phase(resumed, "stopped")
+
+    # Delete, asked once: its events, folder and history go; the list forgets it.
+    show_job(page, stopped, "stopped")
+    asked: list[str] = []
+    page.once("dialog", lambda dialog: (asked.append(dialog.message), dialog.accept()))
+    page.get_by_test_id("delete-button").click()
+    page.wait_for_function(f"!document.querySelector(\"[data-testid=job-item][data-job-id='{stopped}']\")", timeout=10 * SECOND)
+    assert len(asked) == 1 and stopped in asked[0]
+    assert studio.http.get(f"/train/jobs/{stopped}").status_code == 404
+    assert studio.http.get(f"/train/status/{stopped}").status_code == 404
+    assert not folder.exists(), "the run's files were left behind"
+    assert (studio.server.data_dir / "jobs" / resumed).exists(), "another run's files went too"
+    assert_fits(page, "after-delete")
+
+
+@pytest.mark.train
+def test_a_file_uploaded_through_the_page_trains(server: Any, page_at: Any, tiny_model: Path) -> None:
+    page = page_at(LAPTOP)
+    open_page(page, server.url)
+    page.get_by_test_id("upload-input").set_input_files(str(DEMO_DATA))
+    state = page.get_by_test_id("upload-state")
+    page.wait_for_function(
+        "document.querySelector('[data-testid=upload-state]').textContent.startsWith('Uploaded')", timeout=30 * SECOND
+    )
+    assert "tiny_alpaca.jsonl" in state.inner_text()
+    named = page.get_by_test_id("field-local_datasets").input_value().strip()
+    assert named and named != str(DEMO_DATA)
+    assert page.locator("[data-testid=upload-list] li").count() == 1
+
+    for name, value in {"model_name": str(tiny_model), "max_steps": "4", "learning_rate": "1e-3", "batch_size": "2",
+                        "lora_r": "4", "lora_alpha": "8", "max_seq_length": "128"}.items():
+        page.get_by_test_id(f"field-{name}").fill(value)
+    page.get_by_test_id("field-format_type").select_option("alpaca")
+    page.get_by_test_id("start-button").click()
+    page.wait_for_function("window.__studio.phase() === 'completed'", timeout=300 * SECOND)
+    assert page.evaluate("window.__studio.points('loss')") == 4
+    assert_fits(page, "trained-from-upload")
