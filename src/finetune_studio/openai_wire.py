@@ -231,6 +231,9 @@ class FileObject(BaseModel):
     status: Literal["uploaded", "processed", "error"] = "processed"
     status_details: Optional[str] = None
     expires_at: Optional[int] = None
+    # Extension: where the server keeps a `studio` file (the page's uploads), which is
+    # what a training request names in `local_datasets`; absent for other purposes.
+    path: Optional[str] = None
 
 
 class FileList(BaseModel):

@@ -255,19 +255,18 @@ def test_refused_start_shows_the_servers_error(server: Any, page: Any, tiny_mode
     error = page.get_by_test_id("start-error")
     error.wait_for(state="visible", timeout=10 * SECOND)
     refused = httpx.post(f"{server.url}/train/start", json=job_request(tiny_model, local_datasets=[missing]))
-    assert refused.status_code == 400
-    assert refused.json()["error"] in error.inner_text()
-    assert "HTTP 400" in error.inner_text()
+    assert refused.status_code == 400 and refused.json()["field"] == "local_datasets"
+    # Beside its field, in the form's words (its label, not the API's name); the summary names the field.
+    at_field = page.get_by_test_id("error-local_datasets").inner_text()
+    assert missing in at_field and "Dataset files" in at_field and "local_datasets" not in at_field
+    assert "refused to start" in error.inner_text() and "Dataset files" in error.inner_text()
 
-    # A schema error (422): each of FastAPI's entries, with the field named and marked.
+    # A schema error (422): at the field its `loc` names, marked.
     fill_form(page, local_datasets=[str(DEMO_DATA)], batch_size=0)
     page.get_by_test_id("start-button").click()
-    page.wait_for_function(
-        "document.querySelector('[data-testid=start-error]').innerText.includes('batch_size')", timeout=10 * SECOND
-    )
-    text = error.inner_text()
-    assert "HTTP 422" in text
-    assert "batch_size: Input should be greater than or equal to 1" in text
+    page.get_by_test_id("error-batch_size").wait_for(state="visible", timeout=10 * SECOND)
+    assert page.get_by_test_id("error-batch_size").inner_text().endswith("Input should be greater than or equal to 1")
+    assert "Batch size" in error.inner_text()
     assert page.get_by_test_id("field-batch_size").get_attribute("aria-invalid") == "true"
 
     fill_form(page, batch_size=1, num_epochs=0, max_steps="")

@@ -150,7 +150,9 @@ def test_the_cli_previews_good_data_and_exits_0(tiny_model: Path) -> None:
     out = done.stdout
     assert "4 rows to train on, chatml (detected)" in out
     assert "tokens per row: min " in out and "longer than max_seq_length (40): " in out
-    assert "  + assistant| Paris.<|im_end|>" in out
+    assert "longer than max_seq_length (40): 3 of 4 rows" in out
+    assert "  x assistant| Paris.<|im_end|>" in out  # row 0 is 48 tokens: its answer is cut off
+    assert "  + assistant| Hola.<|im_end|>" in out
     assert "  - user     | What is the capital of France?<|im_end|>" in out
     assert "ok: a job would train on this data as it is" in out
 

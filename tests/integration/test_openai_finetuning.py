@@ -144,14 +144,14 @@ def test_cancel_a_running_job(studio: Studio) -> None:
 
 def test_pause_then_resume_to_succeeded(studio: Studio) -> None:
     sdk = studio.sdk
-    studio.launcher.hooks = Hooks(pause_at_step=3)
+    studio.launcher.hooks = Hooks(pause_at_step=2)  # so the pause ends step 3, mid-epoch
     try:
         job = sdk.fine_tuning.jobs.create(
             model=str(studio.model), training_file=studio.upload("p.jsonl", chat_rows(PROMPTS)),
             hyperparameters={"n_epochs": 2, "batch_size": 2},
         )
-        wait_for(lambda: sum(e.type == "metrics" for e in sdk.fine_tuning.jobs.list_events(job.id)) >= 3,
-                 timeout=JOB_TIMEOUT, what="three steps")
+        wait_for(lambda: sum(e.type == "metrics" for e in sdk.fine_tuning.jobs.list_events(job.id)) >= 2,
+                 timeout=JOB_TIMEOUT, what="two steps")
     finally:
         studio.launcher.hooks = Hooks()  # the resumed run goes through
     sdk.fine_tuning.jobs.pause(job.id)
@@ -164,13 +164,13 @@ def test_pause_then_resume_to_succeeded(studio: Studio) -> None:
 
     assert sdk.fine_tuning.jobs.resume(job.id).status == "queued"
     done = studio.wait(job.id, "succeeded", "failed", "cancelled")
-    assert done.status == "succeeded", done.error
+    assert done.status == "succeeded", [e.message for e in sdk.fine_tuning.jobs.list_events(job.id, limit=100)]
     after = list(sdk.fine_tuning.jobs.list_events(job.id, limit=7))
     numbers = [int(e.id.rsplit("-", 1)[1]) for e in after]
     assert numbers == sorted(range(1, len(after) + 1), reverse=True)  # the ids went on, each event once
     assert {e.id for e in before} < {e.id for e in after}
     steps = [e.data["step"] for e in reversed(after) if e.type == "metrics"]
-    assert steps == list(range(1, 9)) and max(paused_steps) >= 3  # continued after the pause, no step twice
+    assert steps == list(range(1, 9)) and max(paused_steps) == 3  # continued after the pause, no step twice
     assert any(e.message.startswith("Resumed") for e in after)
     assert [c.step_number for c in sdk.fine_tuning.jobs.checkpoints.list(job.id)] == [8, 4]
 

@@ -35,9 +35,11 @@ SEED_ORDER = ["idle", "loading_model", "loading_dataset", "configuring", "traini
 def missing_then_trained(
     shared_server: ServerProcess, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> tuple[str, str, Path]:
-    """A job on a model that does not exist, and a good one (6 steps) queued behind it,
-    both run to their end: (the failed job, the trained job, the missing model's path)."""
-    missing = tmp_path_factory.mktemp("nothing") / "no-such-model"
+    """A job on a model that cannot be loaded (a folder without config.json: the server
+    refuses a path that does not exist before queueing), and a good one (6 steps) queued
+    behind it, both run to their end: (the failed job, the trained job, the model's path)."""
+    missing = tmp_path_factory.mktemp("nothing") / "not-a-model"
+    missing.mkdir()
     with shared_server.client() as client:
         failed = client.start(job_request(missing))
         trained = client.start(job_request(tiny_model, max_steps=6))
@@ -100,7 +102,10 @@ def test_a_missing_model_ends_in_error_and_the_server_keeps_serving(
         assert phases(model_events) == ["idle", "loading_model", "error"]
         error = model_events[-1].data
         assert error["details"]["error_code"] == "model_not_found"
-        assert str(missing) in error["error"] and "does not exist" in error["error"]
+        assert str(missing) in error["error"] and "no config.json" in error["error"]
+        # A model path that does not exist is refused before it is queued, naming the field.
+        gone = httpx.post(f"{server.url}/train/start", json=job_request(missing / "gone"))
+        assert gone.status_code == 400 and gone.json()["field"] == "model_name" and "does not exist" in gone.json()["error"]
         # The job queued behind it trained (its events: the test above).
         assert client.status(trained)["phase"] == "completed"
 

@@ -8,6 +8,7 @@ with HTTP Range, and every refusal. llama.cpp itself is tested with the real chi
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import subprocess
 import sys
@@ -228,13 +229,13 @@ def test_refusals_say_what_is_wrong(live_server: Any, tmp_path: Path, monkeypatc
         go.touch()
 
 
-def test_the_real_tools_check_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
-    real_find_spec = export_routes.importlib.util.find_spec
-    monkeypatch.setattr(
-        export_routes.importlib.util, "find_spec", lambda name, *a: None if name == "llama_cpp" else real_find_spec(name, *a)
-    )
+def test_the_real_tools_check_names_the_extra(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from finetune_studio.export import tools
+
+    monkeypatch.setenv(tools.TOOLS_ENV, str(tmp_path / "no-tools-here"))  # as if the converter scripts were missing
     problem = export_routes.gguf_tools_problem()
     assert problem is not None and "pip install 'finetune-studio[gguf]'" in problem
+    assert str(tmp_path / "no-tools-here") in problem
 
 
 def test_an_export_does_not_wait_behind_training(live_server: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -380,3 +381,51 @@ def test_a_restart_ends_a_running_export_and_removes_its_partial_files(tmp_path:
         if alive(orphan.pid):
             orphan.kill()
         orphan.wait()
+
+
+def run_cli(*argv: str) -> tuple[int, str, str]:
+    from finetune_studio.cli.export_job import run_export_job
+    from finetune_studio.cli.main import build_parser
+
+    out, err = io.StringIO(), io.StringIO()
+    code = run_export_job(build_parser().parse_args(["export", *argv]), out, err)
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_the_cli_exports_follows_each_stage_and_downloads_the_files(
+    live_server: Any, tmp_path: Path, tools_present: None
+) -> None:
+    server = live_server()
+    job_id = trained_job(server, tmp_path)
+    out = tmp_path / "gguf"
+    code, stdout, stderr = run_cli(job_id, "--gguf", "q4_k_m,q8_0", "--lora-gguf", "--out", str(out),
+                                   "--server", server.url, "--no-start-server")
+    assert code == 0, stderr
+    assert sorted(p.name for p in out.iterdir()) == ["Modelfile", "adapter-f16.gguf", "model-q4_k_m.gguf", "model-q8_0.gguf"]
+    with server.client() as client:
+        exports = client.exports()
+    for export in exports:
+        for entry in export["details"]["files"]:
+            assert hashlib.sha256((out / entry["name"]).read_bytes()).hexdigest() == entry["sha256"]
+    # Plain lines (not a terminal): each stage, its file's progress, then what was written and the Ollama line.
+    for line in ["[merging] merging", "[converting] converting", "[quantizing] quantizing",
+                 "quantizing model-q8_0.gguf 4/4 tensors", f"wrote {out / 'model-q4_k_m.gguf'}",
+                 f"ollama create finetune-{job_id} -f {out / 'Modelfile'}"]:
+        assert line in stdout, line
+
+
+def test_the_cli_says_why_an_export_was_refused_or_failed(
+    live_server: Any, tmp_path: Path, tools_present: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server = live_server()
+    job_id = trained_job(server, tmp_path)
+    code, _, stderr = run_cli("nope", "--gguf", "q8_0", "--server", server.url, "--no-start-server")
+    assert code == 2 and "404: no training job with id 'nope'" in stderr
+    monkeypatch.setenv("FAKE_EXPORT_FAIL", "disk_full")
+    code, stdout, stderr = run_cli(job_id, "--gguf", "q8_0", "--out", str(tmp_path / "o"), "--server", server.url,
+                                   "--output-json", "--no-start-server")
+    assert code == 1 and "ended error (disk_full): fake failure: disk_full" in stderr
+    lines = [json.loads(line) for line in stdout.splitlines()]
+    assert lines[-1] == {"event": "summary", "exit_code": 1, "files": []}
+    assert [line["data"]["phase"] for line in lines if line["event"] == "status"][-1] == "error"
+    assert not (tmp_path / "o").exists()

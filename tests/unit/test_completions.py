@@ -45,3 +45,21 @@ def test_only_answer_tokens_are_trained(tiny_model: Path, tmp_path: Path) -> Non
     assert trained == answer_ids
     prompt_text = tokenizer.decode([t for t, label in zip(ids, labels, strict=True) if label == -100])
     assert "What is two plus two?" in prompt_text and "Be brief." in prompt_text and "Four." not in prompt_text
+
+
+def test_an_answer_with_weight_0_is_context_not_trained(tiny_model: Path) -> None:
+    # OpenAI's chat format: `weight: 0` on an assistant turn keeps it out of the loss,
+    # from the file (the chatml reader keeps the weight) to the mask.
+    from transformers import AutoTokenizer
+
+    from finetune_studio.training.completions import tokenize_with_assistant_mask
+    from finetune_studio.training.datasets.shapes import Notes, converter
+
+    weighted = [dict(turn) for turn in CONVERSATION]
+    weighted[2]["weight"] = 0  # type: ignore[assignment]
+    row = converter("chatml")({"messages": weighted}, Notes())
+    assert row["messages"][2]["weight"] == 0 and "weight" not in row["messages"][4]
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    masked = tokenize_with_assistant_mask(tokenizer, row["messages"])
+    answer_ids = [t for t, m in zip(masked["input_ids"], masked["assistant_masks"], strict=True) if m]
+    assert tokenizer.decode(answer_ids) == "Six.<|im_end|>\n"

@@ -44,10 +44,25 @@ def check_start(request: TrainingStartRequest, settings: Settings, queued: int) 
             f"the queue is full ({queued} jobs waiting, the limit is {settings.max_queued_jobs}); try again later"
         )
     check_finite(request)
+    check_scale_out(request, settings)
     roots = settings.path_roots()
     check_paths(request, roots)
     check_model(request)
     check_datasets(request, settings.max_dataset_bytes, roots)
+
+
+def check_scale_out(request: TrainingStartRequest, settings: Settings) -> None:
+    """Data-parallel workers (num_workers > 1) and per-worker resources need a Ray cluster."""
+    if settings.ray_address:
+        return
+    for field, given in (("num_workers", request.num_workers > 1), ("resources_per_worker", request.resources_per_worker)):
+        if given:
+            raise StartRefused(
+                f"{field} asks for Ray workers, but this server trains each job in one local process: start it"
+                " with --ray-address (or FINETUNE_STUDIO_RAY_ADDRESS) of a Ray cluster (docs/SCALE-OUT.md),"
+                f" or leave {field} out",
+                field=field,
+            )
 
 
 def check_finite(request: TrainingStartRequest) -> None:

@@ -38,6 +38,7 @@ from finetune_studio.schemas import SECRET_FIELDS
 from finetune_studio.supervisor.inference import INFERENCE_MODULE, InferenceManager, UnloadingLauncher
 from finetune_studio.supervisor.inspector import Inspector
 from finetune_studio.supervisor.launcher import EXPORT_MODULE, LocalProcessLauncher, WorkerLauncher
+from finetune_studio.supervisor.ray_launcher import ray_launcher
 from finetune_studio.supervisor.supervisor import Supervisor
 from finetune_studio.text import clean_text
 
@@ -90,7 +91,10 @@ def create_app(
             file_store = FileStore(settings.db_path, settings.files_dir)  # after JobStore: its migration 3
             service = JobService(store, settings.jobs_dir, exports_dir=settings.exports_dir)
             inference = InferenceManager(settings, inference_module)
-            training: WorkerLauncher = launcher or LocalProcessLauncher(settings.worker_python)
+            # With a Ray cluster, each training job's driver child runs it there (supervisor/ray_launcher.py).
+            training: WorkerLauncher = launcher or (
+                ray_launcher(settings) if settings.ray_address else LocalProcessLauncher(settings.worker_python)
+            )
             if settings.unload_chat_for_training:
                 training = UnloadingLauncher(training, inference)
             # An export loads the whole model too: the same rule frees the chat's memory first.

@@ -22,6 +22,7 @@ import argparse
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from typing import IO, Any, Optional, Union
 
@@ -35,13 +36,14 @@ from finetune_studio.cli.local_server import LocalServer
 from finetune_studio.cli.progress import Clock, JsonLinesView, StatusLines, format_seconds
 from finetune_studio.cli.train import _exit_on_signal, _release, _start_server, may_start_server
 
+
 def export_requests(args: argparse.Namespace) -> list[dict[str, Any]]:
     """The `POST /export/start` bodies the flags ask for, in the order they run."""
     requests: list[dict[str, Any]] = []
     if args.gguf:
         requests.append({"job_id": args.job_id, "format": "gguf", "quantization": args.gguf})
     if args.lora_gguf:
-        requests.append({"job_id": args.job_id, "format": "lora_gguf", "quantization": args.lora_gguf})
+        requests.append({"job_id": args.job_id, "format": "lora_gguf", "quantization": [args.lora_gguf]})
     return requests
 
 
@@ -147,7 +149,9 @@ def make_export_view(out: IO[str], *, output_json: bool = False, clock: Clock = 
     return ExportLinesView(console, clock=clock)
 
 
-def follow_export(client: StudioClient, export_id: str, view: ExportView, notify: Any) -> Optional[dict[str, Any]]:
+def follow_export(
+    client: StudioClient, export_id: str, view: ExportView, notify: Callable[[str], None]
+) -> Optional[dict[str, Any]]:
     """Show the export's events until it ends: its terminal status. Ctrl-C stops it and
     keeps following; a second Ctrl-C leaves it running (None)."""
     cursor, stopping = 0, False

@@ -24,6 +24,7 @@ export is left but the folder and its log.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -203,8 +204,8 @@ class Export:
             target = self.folder / gguf_name(quantization)
             target_name = target.name
 
-            def on_tensor(done: int, total: int, tensor: str) -> None:
-                self.report("quantizing", done, total, done / max(total, 1), target_name)
+            def on_tensor(done: int, total: int, tensor: str, file: str = target_name) -> None:
+                self.report("quantizing", done, total, done / max(total, 1), file)
 
             quantize_file(base_file, target, quantization, stop=self.stop, on_tensor=on_tensor)
             self.written.append(target)
@@ -391,7 +392,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         elif isinstance(exc, ToolsMissing):
             code, text = "export_tools_missing", str(exc)
         else:
-            traceback.print_exc()
+            with contextlib.suppress(OSError, ValueError):  # the log may be on the disk that is full
+                traceback.print_exc()
             code, text = failure(exc)
         export.clean_up()
         if stop.is_set() and code == "export_failed":  # a tool ended by our own stop

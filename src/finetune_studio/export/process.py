@@ -38,6 +38,15 @@ class ToolFailed(Exception):
         super().__init__(f"{tool} failed ({how}){': ' + last.strip() if last else ''}")
 
 
+def _log(line: str) -> None:
+    """Copy a tool's line to the export's log. The log may sit on the disk that just
+    filled up: losing a line is fine, stopping to drain the tool's output is not."""
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
+
+
 def run_tool(
     name: str,
     argv: Sequence[str],
@@ -76,7 +85,7 @@ def run_tool(
                 if not line.strip():
                     continue
                 tail.append(line)
-                print(line, file=sys.stderr, flush=True)
+                _log(line)
                 if not callback_errors:
                     try:
                         on_line(line)
@@ -85,7 +94,7 @@ def run_tool(
         if pending.strip():
             line = pending.decode("utf-8", "replace")
             tail.append(line)
-            print(line, file=sys.stderr, flush=True)
+            _log(line)
 
     reader = threading.Thread(target=read, name=f"{name}-output", daemon=True)
     reader.start()

@@ -280,9 +280,9 @@ class GgufModel:
         print(f"{self.key.location}: the GGUF has no chat template; ChatML is used", file=sys.stderr)
         return CHATML_TEMPLATE
 
-    def _special_tokens(self) -> dict[str, str]:
+    def _special_tokens(self) -> dict[str, Any]:
         """The special tokens a template may name (`bos_token`, `eos_token`), as their text."""
-        found: dict[str, str] = {}
+        found: dict[str, Any] = {}
         for name, getter in (("bos_token", "llama_vocab_bos"), ("eos_token", "llama_vocab_eos"),
                              ("pad_token", "llama_vocab_pad")):
             token = int(getattr(self.llama, getter)(self.vocab))

@@ -42,6 +42,8 @@ ORDER: tuple[Phase, ...] = ("idle", "loading_model", "loading_dataset", "configu
 # Phases the job may be told again with new words (jobs/phases.py).
 REPEATABLE: frozenset[str] = frozenset({"loading_model", "training"})
 TERMINAL: frozenset[str] = frozenset({"completed", "error", "stopped"})
+# Why a worker actor may die that says nothing about the worker (ActorDiedErrorContext.Reason).
+ENDED_BY_RAY = frozenset({"RAY_KILL", "OUT_OF_SCOPE", "REF_DELETED"})
 # What the workers' processes get in their environment, as a training child does (launcher.child_environment).
 WORKER_ENV = {"PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_DISABLE_TELEMETRY": "1"}
 
@@ -107,7 +109,7 @@ class Relay:
                     print(f"driver: not repeating {phase} of restart {attempt - 1}: {message.get('message')}", file=sys.stderr)
                     return
                 self.training_started = self.training_started or phase == "training"
-                self.phase = phase  # type: ignore[assignment]  # checked against ORDER above
+                self.phase = ORDER[now]
             details = message.get("details")
             if isinstance(details, dict):
                 details.update({key: value for key, value in self.facts.items() if key not in details})
@@ -136,42 +138,36 @@ def where(worker: dict[str, Any]) -> str:
 
 
 def lost_workers(workers: list[dict[str, Any]], attempt: int) -> str:
-    """The workers of `attempt` whose process is gone, as words ('' when none can be named).
+    """The workers of `attempt` that died on their own, as words ('' when none can be named).
 
-    A worker's death is seen where it ran: its node's processes are asked through a
-    zero-CPU probe task pinned there (only on the rare restart or failure)."""
+    When one worker dies Ray Train ends the others itself (their death cause is
+    RAY_KILL); the one whose process or node went away is told apart by the cause
+    the cluster recorded for its actor."""
     import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    group = [w for w in workers if w.get("attempt") == attempt]
-    gone = []
     alive_nodes = {node["NodeID"] for node in ray.nodes() if node.get("Alive")}
-    for worker in group:
-        node = str(worker.get("node_id"))
-        if node not in alive_nodes:
-            gone.append(f"{where(worker)}: the node is gone")
+    gone = []
+    for worker in (w for w in workers if w.get("attempt") == attempt):
+        if str(worker.get("node_id")) not in alive_nodes:
+            gone.append(f"{where(worker)}: its node left the cluster")
             continue
-        probe = ray.remote(num_cpus=0)(_pid_alive).options(
-            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node, soft=False)
-        )
-        try:
-            alive = ray.get(probe.remote(int(worker.get("pid", 0))), timeout=30)
-        except Exception:  # noqa: BLE001 - a probe that fails names nothing
-            continue
-        if not alive:
+        info = _actor_info(str(worker.get("actor_id")))
+        cause = info.get("DeathCause") if info.get("State") == "DEAD" else None
+        context = getattr(cause, "actor_died_error_context", None)
+        # Not one Ray Train ended itself (RAY_KILL), nor one let go: WORKER_DIED, NODE_DIED, ...
+        if context is not None and type(context).Reason.Name(context.reason) not in ENDED_BY_RAY:
             gone.append(where(worker))
     return "; ".join(gone)
 
 
-def _pid_alive(pid: int) -> bool:
-    """Whether pid is the same process that registered (not one that took its number since)."""
+def _actor_info(actor_id: str) -> dict[str, Any]:
+    """The cluster's record of an actor (a developer API of Ray's), or {} when it cannot be read."""
+    from ray._private.state import actors
+
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+        return dict(actors(actor_id))
+    except Exception:  # noqa: BLE001 - a table that cannot be read names nothing
+        return {}
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -231,7 +227,7 @@ def drive(relay: Relay, spec: WorkerSpec, request: TrainingStartRequest, resourc
 
     from finetune_studio.ray_train.sink import EventSink
 
-    sink = ray.remote(EventSink).options(name=f"finetune-studio-sink-{spec.job_id}", num_cpus=0).remote()  # type: ignore[attr-defined]
+    sink: Any = ray.remote(EventSink).options(name=f"finetune-studio-sink-{spec.job_id}", num_cpus=0).remote()
     config = {"spec": spec.to_line().decode(), "sink": sink}
     fit = ray.remote(num_cpus=0, max_retries=0)(run_fit)
     ref = fit.remote(config, request.num_workers, resources, args.storage, spec.job_id, args.max_failures)

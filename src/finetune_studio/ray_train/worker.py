@@ -21,7 +21,7 @@ from __future__ import annotations
 import io
 import os
 import traceback
-from typing import Any
+from typing import IO, Any, cast
 
 import ray
 import ray.train
@@ -83,14 +83,15 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     sink = config["sink"]
     rank = ray.train.get_context().get_world_rank()
     runtime = ray.get_runtime_context()
-    where = {"node_ip": ray.util.get_node_ip_address(), "node_id": runtime.get_node_id(), "pid": os.getpid()}
+    where = {"node_ip": ray.util.get_node_ip_address(), "node_id": runtime.get_node_id(), "pid": os.getpid(),
+             "actor_id": runtime.get_actor_id()}
     attempt: int = ray.get(sink.register.remote(rank, where))
     spec = WorkerSpec.from_line(config["spec"])
     if attempt > 1 and last_checkpoint(spec.output_dir) is not None:
         # Ray Train started the workers again after losing one: go on from the job's last checkpoint.
         spec.request["resume_from_checkpoint"] = str(spec.output_dir)
     stop = SharedStop(sink, attempt)
-    channel = Channel(SinkStream(sink, attempt, mute=rank != 0), stop)
+    channel = Channel(cast(IO[str], SinkStream(sink, attempt, mute=rank != 0)), stop)
 
     try:
         recipe = Recipe(spec, channel, stop)

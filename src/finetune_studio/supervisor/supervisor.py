@@ -72,6 +72,9 @@ class ActiveJob:
     handle: Optional[WorkerHandle] = None
     stop_requested: bool = False
     pause_requested: bool = False  # the stop asked for is a pause: it ends `stopped` with details.paused
+    # Resumed while its paused worker was still exiting: the job is queued again, and
+    # this run must not write its end (the next run starts once this one is gone).
+    superseded: bool = False
     task: Optional[asyncio.Task[None]] = None
     escalation: Optional[asyncio.Task[None]] = None
     notes: list[str] = field(default_factory=list)
@@ -186,7 +189,8 @@ class Supervisor:
             await self._drive(active)
         except Exception:  # the supervisor must outlive any one job's failure
             log.exception("supervising job %s failed", job_id)
-            self._end_if_unfinished(job_id, "error", "internal_error", "the server failed while supervising this job")
+            if not active.superseded:
+                self._end_if_unfinished(job_id, "error", "internal_error", "the server failed while supervising this job")
         finally:
             if active.escalation:
                 active.escalation.cancel()
@@ -224,6 +228,8 @@ class Supervisor:
         async for message in handle.messages():
             self._apply(active, message)
         exit_info = dataclasses.replace(await handle.wait(), process=worker)
+        if active.superseded:
+            return
 
         if active.stop_requested:
             self._end_if_unfinished(
@@ -357,6 +363,9 @@ class Supervisor:
         else:
             message = "Resumed: queued to start from the beginning (it was paused before it saved a checkpoint)"
         self.service.resume(job_id, request, message, details)
+        previous = self._active.get(job_id)
+        if previous is not None:
+            previous.superseded = True  # its worker is still exiting: the next run waits for it
         self._wake.set()
         return self.service.status_of(self.service.store.get_job(job_id), self.queue_positions().get(job_id))
 

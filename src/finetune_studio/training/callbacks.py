@@ -28,6 +28,36 @@ def _number(logs: dict[str, Any], key: str) -> Optional[float]:
     return float(value) if value is not None else None
 
 
+# What a trainer logs that has a field of its own in TrainingProgress, or says nothing of the
+# training (timings): every other number it logs at a step is the method's (`metrics`).
+_OWN_FIELDS = frozenset(
+    {"loss", "learning_rate", "grad_norm", "epoch", "num_tokens", "mean_token_accuracy", "step", "step_time",
+     "total_flos", "train_runtime", "train_samples_per_second", "train_steps_per_second", "train_loss"}
+)
+_EVAL_OWN_FIELDS = frozenset({"eval_loss", "eval_runtime", "eval_samples_per_second", "eval_steps_per_second"})
+MAX_METRICS = 64  # a step's event stays small whatever a trainer logs
+MAX_METRIC_NAME = 80
+
+
+def method_metrics(logs: dict[str, Any], prefix: str = "") -> Optional[dict[str, float]]:
+    """The finite numbers of a step's log beyond TrainingProgress's own fields, by TRL's
+    names (`rewards/margins`, `reward`, `rewards/exact_match/mean`...); with `prefix`
+    ("eval_"), those of an evaluation's log that start with it. None when there are none."""
+    found: dict[str, float] = {}
+    for key, value in logs.items():
+        if len(found) >= MAX_METRICS:
+            break
+        if prefix and (not key.startswith(prefix) or key in _EVAL_OWN_FIELDS):
+            continue
+        if not prefix and (key in _OWN_FIELDS or key.startswith("eval_")):
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or len(key) > MAX_METRIC_NAME:
+            continue
+        if math.isfinite(value):
+            found[key] = float(value)
+    return found or None
+
+
 class ResidentMemory:
     """This process's resident memory (RSS) in bytes, from /proc/self/statm (Linux);
     None where there is no such file. The file is opened once and re-read in place
@@ -80,6 +110,8 @@ def eval_prompts(tokenizer: Any, rows: list[dict[str, Any]], count: int) -> list
             messages = row["messages"]
             last = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=len(messages))
             prompts.append(str(tokenizer.apply_chat_template(messages[:last], tokenize=False, add_generation_prompt=True)))
+        elif "prompt" in row:  # a dpo, orpo, kto or grpo row (datasets/methods.py): its prompt's messages
+            prompts.append(str(tokenizer.apply_chat_template(row["prompt"], tokenize=False, add_generation_prompt=True)))
         else:
             text = str(row["text"])
             prompts.append(text[: min(len(text) // 2 or len(text), EVAL_SAMPLE_CHARS)])
@@ -145,6 +177,8 @@ class ProgressCallback(TrainerCallback):
         self.gpu_memory: Optional[Callable[[], int]] = None
         # Set by the recipe when the job evaluates and asks for eval_samples (eval_sample_count > 0).
         self.eval_sampler: Optional[Callable[[Any, Any], list[dict[str, str]]]] = None
+        # Set by the recipe for dpo, orpo, kto and grpo: their own figures go in `metrics`.
+        self.method_metrics = False
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.started = time.monotonic()
@@ -171,6 +205,10 @@ class ProgressCallback(TrainerCallback):
         elif "eval_loss" in logs:
             if self.pending is not None and self.pending["step"] == int(state.global_step):
                 self.pending["eval_loss"] = float(logs["eval_loss"])
+                if self.method_metrics:
+                    evaluated = method_metrics(logs, prefix="eval_")
+                    if evaluated:
+                        self.pending["metrics"] = {**(self.pending.get("metrics") or {}), **evaluated}
                 if self.eval_sampler is not None and getattr(state, "is_world_process_zero", True):
                     self.pending["eval_samples"] = self._eval_samples(kwargs.get("model"), kwargs.get("processing_class"))
                 self._flush()
@@ -252,4 +290,5 @@ class ProgressCallback(TrainerCallback):
             "memory_bytes": resident_bytes(),
             "gpu_memory_bytes": self.gpu_memory() if self.gpu_memory is not None else None,
             "timestamp": round(time.time(), 6),
+            "metrics": method_metrics(logs) if self.method_metrics else None,
         }

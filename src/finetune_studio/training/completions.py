@@ -2,7 +2,8 @@
 
 A conversation is rendered with the model's chat template; each assistant turn's
 span in the text is found by rendering the conversation up to that turn (with the
-generation prompt) and through it. Tokens whose characters fall in an assistant
+generation prompt) and through it; an assistant turn with `weight: 0` (OpenAI's
+chat format: context, not trained on) gets no span. Tokens whose characters fall in an assistant
 span get mask 1, all others 0 (system, user, the role headers). The trainer turns
 mask-0 tokens into label -100, so they cost no loss. The end-of-turn marker that
 closes each answer is part of the span: the model learns when to stop.
@@ -19,17 +20,17 @@ from typing import Any
 from finetune_studio.training.channel import JobFailure
 
 
-def render(tokenizer: Any, messages: list[dict[str, str]], add_generation_prompt: bool = False) -> str:
+def render(tokenizer: Any, messages: list[dict[str, Any]], add_generation_prompt: bool = False) -> str:
     return str(tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt))
 
 
-def assistant_spans(tokenizer: Any, messages: list[dict[str, str]]) -> tuple[str, list[tuple[int, int]]]:
+def assistant_spans(tokenizer: Any, messages: list[dict[str, Any]]) -> tuple[str, list[tuple[int, int]]]:
     """The rendered conversation and the character spans of its assistant turns."""
     text = render(tokenizer, messages)
     spans = []
     for index, message in enumerate(messages):
-        if message["role"] != "assistant":
-            continue
+        if message["role"] != "assistant" or message.get("weight") == 0:
+            continue  # not an answer, or one OpenAI's format marks as context (weight 0)
         start_text = render(tokenizer, messages[:index], add_generation_prompt=True) if index else ""
         end_text = render(tokenizer, messages[: index + 1])
         if not (text.startswith(start_text) and text.startswith(end_text)):
@@ -42,7 +43,7 @@ def assistant_spans(tokenizer: Any, messages: list[dict[str, str]]) -> tuple[str
     return text, spans
 
 
-def tokenize_with_assistant_mask(tokenizer: Any, messages: list[dict[str, str]]) -> dict[str, list[int]]:
+def tokenize_with_assistant_mask(tokenizer: Any, messages: list[dict[str, Any]]) -> dict[str, list[int]]:
     """`input_ids` and `assistant_masks` (1 on answer tokens) for one conversation."""
     text, spans = assistant_spans(tokenizer, messages)
     encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)

@@ -294,7 +294,7 @@ class Recipe:
             self.channel.warn("the tokenizer has no chat template; ChatML is used")
 
     def trainer_rows(self, tokenizer: Any, data: LoadedData) -> list[dict[str, Any]]:
-        """Rows in the form the trainer takes, per training type and loss choice."""
+        """Rows in the form SFTTrainer takes, per training type and loss choice."""
         request = self.request
         if request.training_type == "Continued Pretraining":
             # Raw text, loss on every token: conversations are flattened with the template.
@@ -366,7 +366,8 @@ class Recipe:
 
         max_steps = request.max_steps if request.max_steps and request.max_steps > 0 else -1
         warmup: float = request.warmup_steps if request.warmup_steps is not None else (request.warmup_ratio or 0)
-        config = SFTConfig(
+        # What every method's trainer takes; SFT's own arguments are added below, the others' in methods.py.
+        common: dict[str, Any] = dict(
             output_dir=str(self.folder.checkpoints),
             num_train_epochs=float(request.num_epochs or 1),
             max_steps=max_steps,
@@ -389,14 +390,15 @@ class Recipe:
             bf16=cuda and torch.cuda.is_bf16_supported(),
             fp16=False,
             **self.checkpointing_args(SFTConfig),
-            max_length=request.max_seq_length,
-            packing=request.packing,
             dataloader_num_workers=0,
-            completion_only_loss=False,
             **evaluation,
         )
+        sft = request.training_method == "sft"
+        config = SFTConfig(**common, max_length=request.max_seq_length, packing=request.packing,
+                           completion_only_loss=False) if sft else None
         peft_config = self.lora_config() if self.method == "lora" else None
         self.progress_callback = ProgressCallback(self.channel, self.stop, self.start_training)
+        self.progress_callback.method_metrics = not sft  # dpo's reward margins, grpo's rewards...
         if eval_data is not None and request.eval_steps and request.eval_sample_count:
             prompts = eval_prompts(tokenizer, eval_data.rows, request.eval_sample_count)
             self.progress_callback.eval_sampler = EvalSampler(prompts)
@@ -409,6 +411,10 @@ class Recipe:
         self.facts["method"] = self.method
         self.facts["training_type"] = request.training_type
         try:
+            if not sft:
+                from finetune_studio.training.methods import build_method_trainer
+
+                return build_method_trainer(self, common, model, tokenizer, data, eval_data, peft_config, callbacks)
             return SFTTrainer(
                 model=model,
                 args=config,

@@ -85,10 +85,9 @@ async function main() {
   function started(jobId, body) {
     jobs.remember(jobId, { details: { model_name: body.model_name, project_name: body.project_name || "" } });
     goTo(jobId);
+    showRoute(); // now, not at "hashchange": the view must be there to be scrolled to
     jobs.refresh();
-    if (window.matchMedia(ONE_COLUMN).matches) {
-      requestAnimationFrame(() => document.getElementById("job-view").scrollIntoView({ block: "start" }));
-    }
+    if (window.matchMedia(ONE_COLUMN).matches) document.getElementById("job-view").scrollIntoView({ block: "start" });
   }
 
   const form = new StartForm(document.getElementById("start-form"), { onStarted: started });

@@ -7,6 +7,7 @@
 import { api, ApiError } from "./api.js";
 import { renderAlerts } from "./alerts.js";
 import { CompareSelect } from "./compare.js";
+import { ExportPanel } from "./export.js";
 import { JobFeed } from "./feed.js";
 import { phaseOf, renderHeader } from "./jobhead.js";
 import { ProgressTiles } from "./progress.js";
@@ -32,6 +33,7 @@ export class JobView {
     this.timeline = new PhaseTimeline(root.querySelector("#timeline"));
     this.progress = new ProgressTiles(root);
     this.charts = new RunCharts(root);
+    this.exportPanel = new ExportPanel(root); // export.js: shown for a job with a result
   }
 
   get jobId() {
@@ -47,6 +49,7 @@ export class JobView {
       this.stopping = false;
       this.stopError = null;
       this.feed = this.openFeed(jobId);
+      this.exportPanel.show(jobId);
       if (this.tools) this.tools.show(jobId);
     }
     const wanted = compareId && compareId !== jobId ? compareId : null;
@@ -64,6 +67,7 @@ export class JobView {
     this.feed = null;
     this.compare = null;
     this.timeline.stop();
+    this.exportPanel.hide();
     this.root.hidden = true;
   }
 
@@ -134,5 +138,6 @@ export class JobView {
     else this.stopButton.removeAttribute("aria-disabled");
     this.stopButton.textContent = this.stopping && !finished ? "Stopping…" : "Stop";
     if (this.tools) this.tools.render(feed.status || this.jobs.statusOf(feed.jobId), phase);
+    this.exportPanel.render(phase, feed.status || this.jobs.statusOf(feed.jobId));
   }
 }

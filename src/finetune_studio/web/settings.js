@@ -33,13 +33,14 @@ export function setUpSettings() {
   const save = document.getElementById("token-save");
   // Asked and declined: stop asking until a 401 after a new token.
   let dismissed = false;
-  // The server refused the token in use (a 401 since it was set).
+  // The server refused the token in use (a 401 since it was set), or the one just entered (`tried`).
   let rejected = false;
+  let tried = "";
 
   function renderTokenState() {
     const set = Boolean(getToken());
     const el = document.getElementById("token-state");
-    el.textContent = rejected ? (set ? "token rejected" : "token needed") : set ? "token set" : "no token";
+    el.textContent = rejected ? (set || tried ? "token rejected" : "token needed") : set ? "token set" : "no token";
     el.dataset.set = String(set && !rejected);
     el.dataset.state = rejected ? "rejected" : set ? "set" : "none";
   }
@@ -75,6 +76,7 @@ export function setUpSettings() {
     save.textContent = "Save";
     if (verdict === "rejected") {
       rejected = true;
+      tried = token;
       renderTokenState();
       showProblem(token ? REJECTED : WANTED);
       tokenInput.focus();
@@ -82,6 +84,7 @@ export function setUpSettings() {
       return;
     }
     rejected = false;
+    tried = "";
     showProblem("");
     dialog.close("save");
   });

@@ -57,10 +57,12 @@ export const connectionLog = [];
  * onEvent({id, kind, data}) gets each event once, in id order. onState({state, ...})
  * reports: connecting, live, reconnecting (attempt, delayMs, reason), unauthorized,
  * gone (404, or 416: a cursor past the job's last event), ended (terminal status seen), closed.
+ * `prefix` "export" follows an export's stream (export/stream/ID) instead of a training job's.
  */
 export class JobStream {
-  constructor(jobId, { lastEventId = 0, onEvent, onState }) {
+  constructor(jobId, { lastEventId = 0, onEvent, onState, prefix = "train" }) {
     this.jobId = jobId;
+    this.prefix = prefix;
     this.lastEventId = lastEventId;
     this.onEvent = onEvent;
     this.onState = onState || (() => {});
@@ -95,7 +97,7 @@ export class JobStream {
         const headers = { Accept: "text/event-stream", ...authHeaders() };
         if (this.lastEventId > 0) headers["Last-Event-ID"] = String(this.lastEventId);
         connectionLog.push({ job_id: this.jobId, last_event_id: this.lastEventId, at: Date.now() });
-        const response = await fetch(`train/stream/${encodeURIComponent(this.jobId)}`, {
+        const response = await fetch(`${this.prefix}/stream/${encodeURIComponent(this.jobId)}`, {
           headers,
           signal,
           cache: "no-store",

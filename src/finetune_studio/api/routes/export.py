@@ -10,7 +10,6 @@ streamed with the same events, ids and replay as a training job. Its files live 
 from __future__ import annotations
 
 import base64
-import importlib.util
 from pathlib import Path, PurePosixPath
 from typing import Annotated, Any, Optional
 
@@ -20,6 +19,7 @@ from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
 from finetune_studio.api.deps import ExportDep, StudioDep, studio_of
 from finetune_studio.api.job_stream import FULL, MAX_EVENT_ID, PAST_END, Responses, open_event_stream, stream_items
 from finetune_studio.errors import JobNotFound
+from finetune_studio.export.tools import tools_problem
 from finetune_studio.jobs.store import JobRecord
 from finetune_studio.schemas import (
     ErrorCode,
@@ -49,16 +49,17 @@ _REFUSED: Responses = {
 def gguf_tools_problem() -> Optional[str]:
     """Why a GGUF export cannot run on this machine (llama.cpp's tools are missing), or None.
 
-    Looked up without importing anything: the server never loads llama.cpp; the
-    export child does, and says exactly what it lacks if this check was not enough.
+    Looked up without loading llama.cpp (`export.tools` reads package metadata and
+    files only); the export child loads it, and says what it lacks if this was not enough.
     """
-    if importlib.util.find_spec("llama_cpp") is None:
-        return (
-            "GGUF exports use llama.cpp's own converter and quantizer, from the llama-cpp-python package, which is not"
-            f" installed for this server: install the extra with {GGUF_INSTALL} (it builds llama.cpp once, which takes"
-            " a few minutes), then restart the server. A merged_16bit export needs no extra"
-        )
-    return None
+    problem = tools_problem()
+    if problem is None:
+        return None
+    return (
+        f"GGUF exports use llama.cpp's own converter and quantizer, which this server cannot find: {problem}"
+        f" ({GGUF_INSTALL} builds llama.cpp once, which takes a few minutes; then restart the server.)"
+        " A merged_16bit export needs none of it"
+    )
 
 
 def _refused(code: int, text: str, error_code: Optional[ErrorCode] = None) -> JSONResponse:

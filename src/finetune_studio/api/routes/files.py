@@ -49,7 +49,8 @@ async def receive_upload(studio: Studio, upload: UploadFile, purpose: str) -> St
 
 def file_object(stored: StoredFile) -> FileObject:
     return FileObject(
-        id=stored.id, bytes=stored.bytes, created_at=int(stored.created_at), filename=stored.filename, purpose=stored.purpose
+        id=stored.id, bytes=stored.bytes, created_at=int(stored.created_at), filename=stored.filename, purpose=stored.purpose,
+        path=str(stored.path) if stored.purpose == "studio" else None,  # the page names it in local_datasets
     )
 
 

@@ -54,6 +54,7 @@ from finetune_studio.training.datasets.shapes import (
     _maybe_json,
     check_order,
 )
+from finetune_studio.training.rewards import parse_number
 
 Messages = list[dict[str, str]]
 
@@ -189,8 +190,8 @@ def _prompt_row(record: Row, columns: dict[str, str]) -> Row:
     prompt = _with_system(record, _side(record, "prompt", "user"))
     if prompt[-1]["role"] != "user":
         raise RowProblem(
-            f"prompt[{len(prompt) - 1}] is a {prompt[-1]['role']} turn; a prompt ends with the user's turn, which the"
-            " model answers",
+            f"the prompt ends with the {prompt[-1]['role']}'s turn (prompt[{len(prompt) - 1}]); it must end with the"
+            " user's turn, which the model answers",
             ORDER,
         )
     _check_turns("prompt", prompt, "answer", [{"role": "assistant", "content": "-"}])  # the order of the rest
@@ -210,6 +211,8 @@ def _prompt_row(record: Row, columns: dict[str, str]) -> Row:
             value = repr(value)
         elif not isinstance(value, str):
             raise RowProblem(f"{quote(column)} must be text or a number, found {kind_of(value)}", WRONG_TYPE)
+        if reward == "numeric_match" and parse_number(value) is None:
+            raise RowProblem(f"{quote(column)} is {quote(value)}, which holds no number for numeric_match", WRONG_TYPE)
         row[column] = value
     return row
 
@@ -235,7 +238,7 @@ def _messages(value: Any, at: str) -> Messages:
     value = _maybe_json(value)
     if not isinstance(value, list) or not value:
         raise RowProblem(
-            f"{at} must be text or a non-empty list of messages ({{\"role\", \"content\"}}), found {kind_of(value)}",
+            f"{at!r} must be text or a non-empty list of messages ({{\"role\", \"content\"}}), found {kind_of(value)}",
             WRONG_TYPE,
         )
     messages: Messages = []

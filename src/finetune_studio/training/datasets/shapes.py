@@ -254,7 +254,7 @@ def _conversation(record: Row, shape: str, notes: Notes) -> Row:
     role_key, content_key = _TURN_KEYS[shape]
     roles = CHATML_ROLES if shape == "chatml" else SHAREGPT_ROLES
     other = "sharegpt" if shape == "chatml" else "chatml"
-    kept: list[tuple[int, dict[str, str]]] = []  # (index in the row, message): names stay the row's
+    kept: list[tuple[int, dict[str, Any]]] = []  # (index in the row, message): names stay the row's
     aliased = False
     empty = 0
     for index, turn in enumerate(turns):
@@ -286,7 +286,11 @@ def _conversation(record: Row, shape: str, notes: Notes) -> Row:
         if not content.strip():
             empty += 1  # an empty turn teaches nothing; dropped, as FastChat and Axolotl do
             continue
-        kept.append((index, {"role": role, "content": content}))
+        message: dict[str, Any] = {"role": role, "content": content}
+        if shape == "chatml" and role == "assistant" and turn.get("weight") == 0 and not isinstance(turn["weight"], bool):
+            # OpenAI's "context, not trained on": train_on_completions leaves it out of the loss (completions.py).
+            message["weight"] = 0
+        kept.append((index, message))
     notes.aliased_rows += aliased
     if empty:
         notes.empty_turns += empty

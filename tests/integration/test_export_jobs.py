@@ -1,0 +1,53 @@
+"""Exports through a real server with the real export child (`finetune_studio.export.child`):
+a LoRA job trained on the tiny model, exported as merged 16-bit safetensors and as
+GGUF, followed over the export stream and downloaded by the CLI. llama.cpp's own
+checks of the files are tests/integration/test_export_gguf.py; this is the path from
+the request to the downloaded file."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from finetune_studio.export.tools import tools_problem
+from tests.conftest import ServerProcess, collect, job_request, phases
+
+pytestmark = pytest.mark.train
+
+
+def test_a_trained_job_exports_through_the_server_and_the_cli_downloads_it(
+    server: ServerProcess, tiny_model: Path, tmp_path: Path
+) -> None:
+    with server.client() as client:
+        job_id = client.start(job_request(tiny_model, max_steps=2))
+        assert phases(collect(client, job_id))[-1] == "completed"
+
+        export_id = client.start_export({"job_id": job_id, "format": "merged_16bit"})
+        events = list(client.stream(export_id, prefix="/export"))
+        statuses = [event.data for event in events if event.kind == "status"]
+        assert [status["phase"] for status in statuses] == ["idle", "loading_model", "merging", "completed"], statuses[-1]
+        assert any(event.kind == "progress" and event.data["stage"] == "merging" for event in events)
+        files = {entry["name"] for entry in statuses[-1]["details"]["files"]}
+        assert "merged/config.json" in files and any(name.endswith(".safetensors") for name in files)
+        target = tmp_path / "config.json"
+        client.download(export_id, "merged/config.json", target)
+        assert json.loads(target.read_text())["model_type"] == "llama"
+
+    if tools_problem() is not None:
+        pytest.skip(f"the GGUF part needs llama.cpp's tools: {tools_problem()}")
+    from finetune_studio.cli.export_job import run_export_job
+    from finetune_studio.cli.main import build_parser
+
+    out, err = io.StringIO(), io.StringIO()
+    args = build_parser().parse_args(
+        ["export", job_id, "--gguf", "q8_0", "--out", str(tmp_path / "gguf"), "--server", server.url, "--no-start-server"]
+    )
+    code = run_export_job(args, out, err)
+    assert code == 0, err.getvalue() + out.getvalue()
+    gguf = tmp_path / "gguf" / "model-q8_0.gguf"
+    assert gguf.read_bytes()[:4] == b"GGUF"
+    assert (tmp_path / "gguf" / "Modelfile").read_text().startswith("FROM ")
+    assert "[quantizing]" in out.getvalue() and "ollama create" in out.getvalue()
