@@ -76,6 +76,7 @@ def run_child(module: str, spec: WorkerSpec) -> tuple[float, float, dict]:
         elapsed = time.perf_counter() - started
         process.stdin.close()
         process.wait(600)
+        process.stdout.close()
         done.set()
         sampler.join()
     return elapsed, peak[0], last

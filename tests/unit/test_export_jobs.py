@@ -3,10 +3,11 @@ and the export command's flags."""
 
 from __future__ import annotations
 
+import io
 import json
 import sqlite3
 from pathlib import Path
-from typing import get_args
+from typing import Any, get_args
 
 import pytest
 
@@ -85,6 +86,7 @@ def test_an_export_is_a_job_of_its_own_kind_with_its_own_status_and_folder(servi
         service.store.status_json(train.id, kind="export")
 
     service.transition(export.id, "loading_model", "Loading")
+    assert service.store.get_job(export.id).status["details"]["quantizations"] == ["q8_0"]  # every status says what
     with pytest.raises(InvalidTransition, match="loading_dataset"):
         service.transition(export.id, "loading_dataset", "x")  # a training phase: not an export's
     service.transition(export.id, "merging", "Merging")
@@ -127,3 +129,56 @@ def test_the_cli_refuses_a_file_name_that_would_leave_the_folder(tmp_path: Path)
     for name in ("../evil", "/etc/passwd", "a/../../b", ""):
         with pytest.raises(StudioError):
             safe_target(tmp_path, name)
+
+
+def _export_events() -> list[Any]:
+    from finetune_studio.cli.client import StreamEvent
+
+    def status(n: int, phase: str, message: str, **details: Any) -> StreamEvent:
+        return StreamEvent(n, "status", {"export_id": "e1", "job_id": "j1", "phase": phase, "message": message,
+                                         "is_running": phase not in TERMINAL, "details": details})
+
+    def progress(n: int, stage: str, file: str, done: int, total: int, percent: float) -> StreamEvent:
+        return StreamEvent(n, "progress", {"stage": stage, "file": file, "done": done, "total": total,
+                                           "progress_percent": percent, "eta_seconds": 12})
+
+    return [
+        status(1, "idle", "Queued"),
+        status(2, "loading_model", "Loading"),
+        status(3, "converting", "Converting to GGUF"),
+        progress(4, "converting", "model-f16.gguf", 10, 20, 25.0),
+        progress(5, "converting", "model-f16.gguf", 20, 20, 50.0),
+        status(6, "quantizing", "Quantizing"),
+        progress(7, "quantizing", "model-q8_0.gguf", 20, 20, 100.0),
+        status(8, "completed", "Exported", files=[]),
+    ]
+
+
+def test_the_export_views_show_each_stage_and_its_file() -> None:
+    from rich.console import Console
+
+    from finetune_studio.cli.export_job import ExportLinesView, ExportLiveView
+
+    plain = io.StringIO()
+    view = ExportLinesView(Console(file=plain, width=120), clock=lambda: 0.0, every_seconds=5)
+    for event in _export_events():
+        view.show(event)
+    assert plain.getvalue().splitlines() == [
+        "[idle] Queued",
+        "[loading_model] Loading",
+        "[converting] Converting to GGUF",
+        "converting model-f16.gguf 10/20 tensors   25.0%  eta 00:12",  # the first line, then each file's last
+        "converting model-f16.gguf 20/20 tensors   50.0%  eta 00:12",
+        "[quantizing] Quantizing",
+        "quantizing model-q8_0.gguf 20/20 tensors  100.0%  eta 00:12",
+        "[completed] Exported",
+    ]
+
+    live = io.StringIO()
+    bars = ExportLiveView(Console(file=live, width=120, force_terminal=True, color_system=None), clock=lambda: 0.0)
+    for event in _export_events():
+        bars.show(event)
+    text = live.getvalue()
+    assert "converting model-f16.gguf" in text and "quantizing model-q8_0.gguf" in text
+    assert "20/20" in text and "100.0% of the export" in text and "[completed] Exported" in text
+    assert not bars._running  # taken down at the terminal status

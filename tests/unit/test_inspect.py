@@ -87,7 +87,7 @@ def test_every_shape_without_a_model_shows_each_turn(name: str, fields: dict[str
     assert (report.shape, report.rows, report.detected) == (shape, len(data.rows), not fields)
     assert report.tokens is None and report.truncated_rows is None
     assert len(report.preview) == min(3, len(data.rows))
-    for row, shown in zip(data.rows, report.preview):
+    for row, shown in zip(data.rows[: len(report.preview)], report.preview, strict=True):
         if shape == "raw":
             assert report.rendered_with == "text"
             assert [s.text for s in shown.segments] == [row["text"]]
@@ -110,7 +110,7 @@ def test_every_shape_through_the_models_template_and_tokens(
         stats["tokens_min"], stats["tokens_max"], stats["tokens_total"]
     )
     assert report.truncated_rows == 0
-    for row, shown in zip(data.rows, report.preview):
+    for row, shown in zip(data.rows[: len(report.preview)], report.preview, strict=True):
         text = "".join(s.text for s in shown.segments)
         if shape == "raw":
             assert text == row["text"] + tokenizer.eos_token  # the trainer appends it

@@ -27,7 +27,19 @@ def running_job(service: JobService) -> str:
     return job.id
 
 
-@pytest.mark.parametrize("target", ["idle", "bogus", "", "COMPLETED"])
+def test_idle_is_entered_only_by_resuming_a_paused_job(service: JobService) -> None:
+    # Resume (stopped with details.paused -> idle) is the one edge into idle; a queued
+    # job cannot enter it again, and neither can a stopped job that was not paused.
+    job = service.create_job({"model_name": "m"}, "Queued", {})
+    with pytest.raises(InvalidTransition, match="from idle to idle"):
+        service.transition(job.id, "idle", "x")
+    service.transition(job.id, "stopped", "Stopped")
+    with pytest.raises(InvalidTransition, match="only a paused job resumes"):
+        service.transition(job.id, "idle", "x")
+    assert service.store.get_job(job.id).last_event_id == 2  # nothing was written
+
+
+@pytest.mark.parametrize("target", ["bogus", "", "COMPLETED"])
 def test_an_unknown_or_unreachable_target_is_an_invalid_transition(service: JobService, target: str) -> None:
     job = service.create_job({"model_name": "m"}, "Queued", {})
     with pytest.raises(InvalidTransition, match=repr(target)):

@@ -120,7 +120,9 @@ class ExportLiveView:
         data = event.data
         key = (str(data["stage"]), str(data.get("file") or ""))
         if key not in self._tasks:
-            self._tasks[key] = self.progress.add_task(" ".join(part for part in key if part), total=data["total"])
+            self._tasks[key] = self.progress.add_task(
+                " ".join(part for part in key if part), total=data["total"], percent="", eta=""
+            )
         self.progress.update(
             self._tasks[key], completed=data["done"], total=data["total"],
             percent=f"{float(data['progress_percent']):.1f}%", eta=format_seconds(data.get("eta_seconds")),

@@ -92,16 +92,21 @@ def follow(client: StudioClient, job_id: str, view: AnyView, ask: Ask, notify: C
     cursor = 0
     while True:
         try:
+            resumed = False
             for event in client.stream(job_id, last_event_id=cursor):
                 view.show(event)
                 cursor = event.id
                 if event.kind == "progress":
                     outcome.progress = event.data
                 if event.is_terminal:
+                    if _resumed_since(client, job_id, event.data):
+                        resumed = True  # a pause its events go on from: follow them
+                        break
                     outcome.status = event.data
                     view.close()
                     return outcome
-            raise StudioError(f"the stream of job {job_id} ended before the job did")
+            if not resumed:
+                raise StudioError(f"the stream of job {job_id} ended before the job did")
         except KeyboardInterrupt:
             # The bar stays down while the user answers and reads what came of it.
             with view.paused():
@@ -116,6 +121,13 @@ def follow(client: StudioClient, job_id: str, view: AnyView, ask: Ask, notify: C
                 view.close()
                 notify(f"left job {job_id} running; `finetune-studio stop {job_id}` stops it")
                 return outcome
+
+
+def _resumed_since(client: StudioClient, job_id: str, status: dict[str, Any]) -> bool:
+    """Whether a paused job (`stopped` with details.paused) has been resumed since this status."""
+    if not (status.get("details") or {}).get("paused"):
+        return False
+    return client.status(job_id).get("phase") != "stopped"
 
 
 class Notes:
@@ -143,6 +155,11 @@ def report(outcome: Outcome, view: AnyView, notes: Notes) -> int:
     if outcome.phase == "completed":
         saved = f"; saved in {outcome.saved_to}" if outcome.saved_to else ""
         notes.say(f"job {outcome.job_id} completed{saved}")
+    elif outcome.phase == "stopped" and outcome.details.get("paused"):
+        notes.err.write(
+            f"job {outcome.job_id} paused: {(outcome.status or {}).get('message')}; resume it with"
+            f" POST /v1/fine_tuning/jobs/{outcome.job_id}/resume\n"
+        )
     elif outcome.phase == "stopped":
         notes.err.write(f"job {outcome.job_id} stopped: {(outcome.status or {}).get('message')}\n")
     else:

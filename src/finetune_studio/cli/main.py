@@ -44,7 +44,7 @@ def _serve(args: argparse.Namespace) -> int:
         try:
             settings = get_settings(
                 host=args.host, port=args.port, data_dir=args.data_dir, max_concurrent_jobs=args.max_concurrent_jobs,
-                ray_address=args.ray_address,
+                ray_address=args.ray_address, max_concurrent_exports=args.max_concurrent_exports,
             )
         except UnsafeSettings as exc:  # a token that cannot protect anything, say
             print(f"error: refusing to start: {exc}", file=sys.stderr)
@@ -457,6 +457,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=None, help="port (default 8000)")
     serve.add_argument("--data-dir", default=None, help="where jobs live (default ~/.finetune-studio, or FINETUNE_STUDIO_DATA_DIR)")
     serve.add_argument("--max-concurrent-jobs", type=int, default=None, help="jobs that train at once (default 1)")
+    serve.add_argument("--max-concurrent-exports", type=int, default=None,
+                       help="exports that run at once, beside training (default 1)")
     serve.add_argument(
         "--ray-address", default=None, metavar="ADDR",
         help="train on this Ray cluster (auto: the one this machine belongs to; HOST:PORT or ray://HOST:PORT);"

@@ -133,6 +133,10 @@ class JobService:
         details: Optional[dict[str, Any]] = None,
     ) -> StoredEvent:
         job = self.store.get_job(job_id)
+        if job.kind == "export":
+            # Every status of an export says what it exports, whatever its child reports.
+            what: dict[str, Any] = {key: job.request[key] for key in ("format", "quantizations") if key in job.request}
+            details = {**what, **(details or {})}
         status = make_status(
             job_id, phase, message, error=error, details=details, kind=job.kind,
             exported_job=str(job.request.get("job_id", "")),

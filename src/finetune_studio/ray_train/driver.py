@@ -42,8 +42,9 @@ ORDER: tuple[Phase, ...] = ("idle", "loading_model", "loading_dataset", "configu
 # Phases the job may be told again with new words (jobs/phases.py).
 REPEATABLE: frozenset[str] = frozenset({"loading_model", "training"})
 TERMINAL: frozenset[str] = frozenset({"completed", "error", "stopped"})
-# Why a worker actor may die that says nothing about the worker (ActorDiedErrorContext.Reason).
-ENDED_BY_RAY = frozenset({"RAY_KILL", "OUT_OF_SCOPE", "REF_DELETED"})
+# Why a worker actor died, when it was lost rather than ended by Ray Train (which ends
+# the others with RAY_KILL once one is gone): ActorDiedErrorContext.Reason's names.
+LOST_REASONS = frozenset({"WORKER_DIED", "NODE_DIED"})
 # What the workers' processes get in their environment, as a training child does (launcher.child_environment).
 WORKER_ENV = {"PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_DISABLE_TELEMETRY": "1"}
 
@@ -140,9 +141,8 @@ def where(worker: dict[str, Any]) -> str:
 def lost_workers(workers: list[dict[str, Any]], attempt: int) -> str:
     """The workers of `attempt` that died on their own, as words ('' when none can be named).
 
-    When one worker dies Ray Train ends the others itself (their death cause is
-    RAY_KILL); the one whose process or node went away is told apart by the cause
-    the cluster recorded for its actor."""
+    When one worker dies Ray Train ends the others itself; the one whose process or
+    node went away is told apart by the cause the cluster recorded for its actor."""
     import ray
 
     alive_nodes = {node["NodeID"] for node in ray.nodes() if node.get("Alive")}
@@ -154,8 +154,7 @@ def lost_workers(workers: list[dict[str, Any]], attempt: int) -> str:
         info = _actor_info(str(worker.get("actor_id")))
         cause = info.get("DeathCause") if info.get("State") == "DEAD" else None
         context = getattr(cause, "actor_died_error_context", None)
-        # Not one Ray Train ended itself (RAY_KILL), nor one let go: WORKER_DIED, NODE_DIED, ...
-        if context is not None and type(context).Reason.Name(context.reason) not in ENDED_BY_RAY:
+        if context is not None and type(context).Reason.Name(context.reason) in LOST_REASONS:
             gone.append(where(worker))
     return "; ".join(gone)
 
@@ -293,13 +292,13 @@ def failed(relay: Relay, spec: WorkerSpec, exc: BaseException, sink: Any) -> int
         details["last_checkpoint"] = str(checkpoint)
     if relay.restarts:
         details["restarts"] = list(relay.restarts)
+    lost = lost_workers(ray.get(sink.workers.remote()), relay.attempt)
     failures = ray.get(sink.failures.remote())
-    if failures:
+    if failures and not lost:  # a worker's own error (when one is lost, the others' errors follow from it)
         last = failures[-1]
         relay.channel.status("error", "Training failed", error=f"{where(last).capitalize()}: {last['error']}",
                              details={**details, "error_code": last["error_code"]})
         return 1
-    lost = lost_workers(ray.get(sink.workers.remote()), relay.attempt)
     reason = str(exc).strip().splitlines()
     cause = next((line.strip() for line in reason if "died" in line.lower() or "lost" in line.lower()), reason[0] if reason else type(exc).__name__)
     spent = (f"after {relay.max_failures} restart{'s' if relay.max_failures != 1 else ''} (max_failures)"

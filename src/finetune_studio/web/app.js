@@ -22,6 +22,7 @@ import { exposeProbe } from "./probe.js";
 import { currentRoute, goTo, replaceRoute } from "./route.js";
 import { RunTools } from "./runtools.js";
 import { setUpSettings } from "./settings.js";
+import { watchDatasetFields } from "./inspect.js";
 import { Uploads } from "./upload.js";
 
 // One column (phones, narrow windows): the form sits above the run's view.
@@ -92,6 +93,8 @@ async function main() {
 
   const form = new StartForm(document.getElementById("start-form"), { onStarted: started });
   const uploads = new Uploads(document.getElementById("start-form"));
+  // The dataset preview (inspect.js): re-read as the data fields change.
+  watchDatasetFields(document.getElementById("start-form"), document.getElementById("data-preview"));
   view.tools = new RunTools(document.getElementById("job-view"), {
     jobs,
     form,

@@ -7,6 +7,7 @@
 import { api, ApiError } from "./api.js";
 import { renderAlerts } from "./alerts.js";
 import { CompareSelect } from "./compare.js";
+import { EvalSamples } from "./evalsamples.js";
 import { ExportPanel } from "./export.js";
 import { JobFeed } from "./feed.js";
 import { phaseOf, renderHeader } from "./jobhead.js";
@@ -33,6 +34,7 @@ export class JobView {
     this.timeline = new PhaseTimeline(root.querySelector("#timeline"));
     this.progress = new ProgressTiles(root);
     this.charts = new RunCharts(root);
+    this.evalSamples = new EvalSamples(root); // evalsamples.js: the answers at the latest evaluation
     this.exportPanel = new ExportPanel(root); // export.js: shown for a job with a result
   }
 
@@ -128,6 +130,7 @@ export class JobView {
     this.progress.render(feed);
     renderAlerts(this.root, feed.status, this.stopError);
     this.charts.render(feed, this.compare, (jobId) => this.jobs.shortName(jobId));
+    this.evalSamples.render(feed);
     this.compareSelect.render(this.jobs, feed.jobId, this.compare ? this.compare.jobId : null);
     renderStreamState(this.root.querySelector("#stream-state"), feed);
 

@@ -5,6 +5,7 @@
 // /datasets/inspect, where the server has it).
 
 import { api, ApiError } from "./api.js";
+import { inspectInto } from "./inspect.js";
 import { inWords } from "./fields.js";
 
 const PURPOSE = "studio";
@@ -120,29 +121,12 @@ export class Uploads {
     this.list.replaceChildren(...items);
   }
 
-  /** The first rows of `name` as a job would read them (POST /datasets/inspect). */
+  /** The first rows of `name` as a job would read them (POST /datasets/inspect, drawn by inspect.js). */
   async showPreview(name, filename) {
-    this.preview.hidden = false;
-    this.preview.replaceChildren(element("p", `Reading ${filename}…`, "muted"));
-    try {
-      const found = await api("datasets/inspect", {
-        method: "POST",
-        body: { local_datasets: [name], format_type: this.form.elements.format_type.value || "auto", preview_rows: 3 },
-      });
-      const head = found.ok
-        ? `${filename}: ${found.rows} rows, read as ${found.shape}${found.detected ? " (detected)" : ""}`
-        : `${filename}: ${found.error || "this data cannot be trained on"}`;
-      const parts = [element("strong", head)];
-      for (const row of found.preview || []) {
-        const text = row.text ?? (row.messages || []).map((m) => `${m.role}: ${m.content}`).join("\n");
-        const pre = element("pre", String(text ?? JSON.stringify(row)).slice(0, 600));
-        parts.push(pre);
-      }
-      this.preview.dataset.ok = String(Boolean(found.ok));
-      this.preview.replaceChildren(...parts);
-    } catch (error) {
-      // No inspection on this server (404), or busy: the upload itself was checked.
-      this.preview.hidden = true;
-    }
+    await inspectInto(this.preview, {
+      local_datasets: [name],
+      format_type: this.form.elements.format_type.value || "auto",
+      preview_rows: 3,
+    });
   }
 }

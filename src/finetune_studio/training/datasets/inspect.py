@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from itertools import pairwise
 from pathlib import Path
 from typing import Any, Optional
 
@@ -288,7 +289,7 @@ def _row(
         edges.add(cut)
     points = sorted(e for e in edges if 0 <= e <= len(text))
     segments: list[PreviewSegment] = []
-    for start, end in zip(points, points[1:]):
+    for start, end in pairwise(points):
         if start == end:
             continue
         role = next((r for a, b, r in turns if a <= start < b), None)

@@ -1,6 +1,6 @@
 """The cost of Ray: event latency and job wall time, a Ray job against a local one.
 
-    .venv/bin/python bench/ray.py [--steps 60] [--workdir /tmp/bench-ray]
+    .venv/bin/python bench/ray_bench.py [--steps 60] [--workdir /tmp/bench-ray]
 
 Starts a one-node Ray cluster on 127.0.0.1 (2 CPUs; stopped by process group at
 the end), then runs the same LoRA job on the tiny model three ways, each through a
@@ -41,7 +41,7 @@ def start_cluster(temp: Path) -> tuple[str, subprocess.Popen[bytes]]:
     process = subprocess.Popen(
         [str(Path(sys.executable).with_name("ray")), "start", "--head", "--block", "--node-ip-address=127.0.0.1",
          f"--port={port}", "--num-cpus=2", f"--temp-dir={temp}", "--include-dashboard=false", "--disable-usage-stats",
-         f"--ray-client-server-port={free_port()}", f"--dashboard-agent-listen-port={free_port()}"],
+         f"--dashboard-agent-listen-port={free_port()}"],
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
     )
     deadline = time.monotonic() + 180
