@@ -225,10 +225,11 @@ def test_llama_cpp_and_transformers_agree_over_the_same_weights(served: Served) 
         text = ("The river runs through the old town, past the market where farmers sell bread, cheese and apples"
                 " every Saturday morning. Children play by the water while their parents talk about the weather.")
         ids = llama.tokenize(text)
-        caches = (llama.new_cache(len(ids)), torch_model.new_cache(len(ids)))
+        llama_cache, torch_cache = llama.new_cache(len(ids)), torch_model.new_cache(len(ids))
         agree = 0
         for position, token in enumerate(ids[:-1]):
-            first, second = (m.forward([token], cache, position, None) for m, cache in zip((llama, torch_model), caches))
+            first = llama.forward([token], llama_cache, position, None)
+            second = torch_model.forward([token], torch_cache, position, None)
             agree += int(first.argmax()) == int(second.argmax())
         assert agree >= 0.9 * (len(ids) - 1), f"{agree} of {len(ids) - 1} next tokens agree"
 

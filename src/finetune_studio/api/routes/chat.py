@@ -67,6 +67,7 @@ _STREAM: Responses = {
 @router.get("/models")
 async def list_models(studio: StudioDep) -> ModelList:
     """The models this server serves: every job that saved an adapter or model (id = the job id),
+    every GGUF file of a completed export (id = `<export id>/<file name>`, answered by llama.cpp),
     and every base model a job loaded (id = its `model_name`)."""
     return ModelList(data=served_models(studio.service.store))
 
