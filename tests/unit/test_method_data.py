@@ -207,9 +207,9 @@ def test_grpo_rows_keep_the_columns_their_rewards_read(tmp_path: Path) -> None:
     assert data.problems["missing_field"]["examples"][0] == {
         "file": str(path), "where": "line 3",
         "problem": "missing the column 'answer', which the reward numeric_match reads (found: prompt)"}
-    problems = [e["problem"] for e in data.problems["wrong_type"]["examples"]]
-    assert "'answer' is 'two', which holds no number for numeric_match" in problems
-    assert "the prompt ends with the assistant's turn (prompt[1]); it must end with the user's turn" in " ".join(problems)
+    assert data.problems["wrong_type"]["examples"][0]["problem"] == "'answer' is 'two', which holds no number for numeric_match"
+    assert data.problems["roles_out_of_order"]["examples"][0]["problem"] == (
+        "the prompt ends with the assistant's turn (prompt[1]); it must end with the user's turn, which the model answers")
     with pytest.raises(JobFailure) as caught:
         load(path, "grpo", reward_functions=[{"name": "exact_match", "column": "completion"}])
     assert caught.value.error_code == "config_invalid" and "a name the trainer gives to its own values" in caught.value.message

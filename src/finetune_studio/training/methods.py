@@ -62,7 +62,7 @@ def build_method_trainer(
     if method == "kto":
         # KTO reads its rows in order (each batch's KL estimate pairs neighbours), so a file
         # sorted by label would give batches of one kind: shuffle once, seeded.
-        random.Random(request.random_seed).shuffle(rows)
+        random.Random(request.random_seed).shuffle(rows)  # noqa: S311 - an order, not a secret
     train = Dataset.from_list(rows)
     evaluation = Dataset.from_list(eval_data.rows) if eval_data is not None else None
     parts: dict[str, Any] = {

@@ -92,11 +92,11 @@ class BuiltinReward:
             references = columns.get(config.column)
             if references is None:  # the loader checks every row for the column; this is a guard
                 raise KeyError(f"the reward {self.__name__} reads the column {config.column!r}, which the data lacks")
-            return [self.match(text, str(reference)) for text, reference in zip(texts, references)]
+            return [self.match(text, str(reference)) for text, reference in zip(texts, references, strict=True)]
         if isinstance(config, RegexReward):
             return [self.format(text) for text in texts]
         ids = completion_ids or [[] for _ in texts]
-        return [self.length(text, len(tokens)) for text, tokens in zip(texts, ids)]
+        return [self.length(text, len(tokens)) for text, tokens in zip(texts, ids, strict=True)]
 
     def match(self, text: str, reference: str) -> float:
         config = self.config

@@ -10,6 +10,7 @@ import { CompareSelect } from "./compare.js";
 import { EvalSamples } from "./evalsamples.js";
 import { ExportPanel } from "./export.js";
 import { JobFeed } from "./feed.js";
+import { MethodCharts } from "./methodcharts.js";
 import { phaseOf, renderHeader } from "./jobhead.js";
 import { ProgressTiles } from "./progress.js";
 import { RunCharts } from "./runcharts.js";
@@ -35,6 +36,7 @@ export class JobView {
     this.progress = new ProgressTiles(root);
     this.charts = new RunCharts(root);
     this.evalSamples = new EvalSamples(root); // evalsamples.js: the answers at the latest evaluation
+    this.methodCharts = new MethodCharts(root); // methodcharts.js: dpo's margins, grpo's rewards... beside the loss
     this.exportPanel = new ExportPanel(root); // export.js: shown for a job with a result
   }
 
@@ -131,6 +133,7 @@ export class JobView {
     renderAlerts(this.root, feed.status, this.stopError);
     this.charts.render(feed, this.compare, (jobId) => this.jobs.shortName(jobId));
     this.evalSamples.render(feed);
+    this.methodCharts.render(feed);
     this.compareSelect.render(this.jobs, feed.jobId, this.compare ? this.compare.jobId : null);
     renderStreamState(this.root.querySelector("#stream-state"), feed);
 

@@ -46,7 +46,7 @@ def _method_lengths(batch: list[dict[str, Any]], tokenizer: Any) -> list[int]:
     if not answers:
         return lengths([row["prompt"] for row in batch], add_generation_prompt=True)
     per_answer = [lengths([row["prompt"] + row[key] for row in batch]) for key in answers]
-    return [max(row) for row in zip(*per_answer)]
+    return [max(row) for row in zip(*per_answer, strict=True)]
 
 
 def measure(data: LoadedData, tokenizer: Any, max_seq_length: int) -> dict[str, Any]:
