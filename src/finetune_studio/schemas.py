@@ -500,6 +500,9 @@ class TrainingProgress(BaseModel):
     mean_token_accuracy: Optional[float] = Field(
         default=None, description="The share (0 to 1) of the step's target tokens the model predicted right, as TRL logs it."
     )
+    eval_mean_token_accuracy: Optional[float] = Field(
+        default=None, description="On an evaluated step: mean_token_accuracy over the evaluation data."
+    )
     memory_bytes: Optional[int] = Field(default=None, description="The training process's resident memory (RSS) at the step.")
     gpu_memory_bytes: Optional[int] = Field(
         default=None, description="GPU memory the training process holds (PyTorch's reserved bytes); absent without a GPU."

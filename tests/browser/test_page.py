@@ -174,6 +174,15 @@ def studio(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Studio]:
         with contextlib.closing(Studio(server, launcher, tmp_path, None)) as studio:
             yield studio
             launcher.held.set()
+            settle(server)
+
+
+def settle(server: LiveServer) -> None:
+    """Let the dataset previews the page asked for (each a child process) end before the
+    server stops: a child still running when its loop closes is an unclosed transport."""
+    inspector = getattr(server.app.state, "inspector", None)
+    if inspector is not None:
+        wait_for(lambda: inspector.running == 0, timeout=120, what="the dataset inspections to end")
 
 
 @pytest.fixture
@@ -380,6 +389,7 @@ def test_a_wrong_token_is_refused_in_words(tmp_path: Path, monkeypatch: pytest.M
         dialog.wait_for(state="hidden", timeout=10 * SECOND)
         page.wait_for_selector(f"[data-testid=job-item][data-job-id='{job_id}']", timeout=10 * SECOND)
         assert page.get_by_test_id("token-state").inner_text() == "token set"
+        settle(server)
 
 
 def test_run_again_reproduces_a_runs_request(studio: Studio, page_at: Any) -> None:

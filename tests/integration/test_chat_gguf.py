@@ -301,7 +301,7 @@ def test_a_real_export_of_a_job_answers_through_the_server(start_server: Any) ->
         for export_format, quantization in (("gguf", ["q8_0"]), ("lora_gguf", None)):
             export_id = studio.start_export({"job_id": job_id, "format": export_format, "quantization": quantization})
             final = [event.data for event in studio.stream(export_id, prefix="/export") if event.kind == "status"][-1]
-            assert final["phase"] == "completed", final
+            assert final["phase"] == "completed", (export_format, final.get("error"), final.get("details"))
             [name] = [entry["name"] for entry in final["details"]["files"] if entry["name"].endswith(".gguf")]
             models[export_format] = f"{export_id}/{name}"
 

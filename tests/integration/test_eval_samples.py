@@ -40,6 +40,7 @@ def test_evaluated_steps_carry_the_models_answers_to_eval_prompts(server: Server
     steps = [e.data for e in events[sampled] if e.kind == "progress"]
     evaluated = [p for p in steps if p.get("eval_loss") is not None]
     assert [p["step"] for p in evaluated] == [2, 4]
+    assert all(0 <= p["eval_mean_token_accuracy"] <= 1 for p in evaluated)  # TRL's, over the evaluation data
     for progress in evaluated:
         samples = progress["eval_samples"]
         assert [s["prompt"] for s in samples] == expected

@@ -110,6 +110,7 @@ def test_upload_train_events_checkpoints_and_chat(studio: Studio) -> None:
     assert all(m["train_loss"] > 0 and 0 <= m["train_mean_token_accuracy"] <= 1 for m in metrics)
     evaluated = [m for m in metrics if "valid_loss" in m]
     assert [m["step"] for m in evaluated] == [4, 8]  # a validation loss at each epoch's end
+    assert all(0 <= m["valid_mean_token_accuracy"] <= 1 for m in evaluated)
 
     checkpoints = list(sdk.fine_tuning.jobs.checkpoints.list(job.id, limit=1))
     assert [c.step_number for c in checkpoints] == [8, 4]

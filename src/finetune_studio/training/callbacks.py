@@ -34,7 +34,7 @@ _OWN_FIELDS = frozenset(
     {"loss", "learning_rate", "grad_norm", "epoch", "num_tokens", "mean_token_accuracy", "step", "step_time",
      "total_flos", "train_runtime", "train_samples_per_second", "train_steps_per_second", "train_loss"}
 )
-_EVAL_OWN_FIELDS = frozenset({"eval_loss", "eval_runtime", "eval_samples_per_second", "eval_steps_per_second"})
+_EVAL_OWN_FIELDS = frozenset({"eval_loss", "eval_mean_token_accuracy", "eval_runtime", "eval_samples_per_second", "eval_steps_per_second"})
 MAX_METRICS = 64  # a step's event stays small whatever a trainer logs
 MAX_METRIC_NAME = 80
 
@@ -205,6 +205,9 @@ class ProgressCallback(TrainerCallback):
         elif "eval_loss" in logs:
             if self.pending is not None and self.pending["step"] == int(state.global_step):
                 self.pending["eval_loss"] = float(logs["eval_loss"])
+                accuracy = _number(logs, "eval_mean_token_accuracy")
+                if accuracy is not None:
+                    self.pending["eval_mean_token_accuracy"] = accuracy
                 if self.method_metrics:
                     evaluated = method_metrics(logs, prefix="eval_")
                     if evaluated:
