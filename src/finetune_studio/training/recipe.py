@@ -391,6 +391,9 @@ class Recipe:
             fp16=False,
             **self.checkpointing_args(SFTConfig),
             dataloader_num_workers=0,
+            # Under data parallelism (Ray): every trained weight takes part in each step, so DDP
+            # need not search the graph for unused ones (and warn about it every run).
+            ddp_find_unused_parameters=False,
             **evaluation,
         )
         sft = request.training_method == "sft"
