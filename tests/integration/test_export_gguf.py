@@ -16,6 +16,7 @@ import json
 import re
 import subprocess
 import sys
+import warnings
 from collections.abc import Callable, Iterator
 from importlib import resources
 from pathlib import Path
@@ -141,7 +142,10 @@ class Reference:
 
         from finetune_studio.export.merge import JobRecord, load_merged
 
-        tokenizer, model = load_merged(JobRecord.read(job_dir))
+        with warnings.catch_warnings():
+            # peft asks transformers' deprecated is_gradient_checkpointing while loading an adapter
+            warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+            tokenizer, model = load_merged(JobRecord.read(job_dir))
         model.eval()
         self.ids: list[int] = tokenizer(HELD_OUT)["input_ids"]
         self.prompt: list[int] = tokenizer.apply_chat_template(PROMPT, add_generation_prompt=True, tokenize=True, return_dict=False)

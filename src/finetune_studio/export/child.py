@@ -297,6 +297,15 @@ class Export:
             raise JobFailure("model_not_found", f"cannot read the base model's config ({record.base.location}): {exc}") from None
         if getattr(config, "quantization_config", None) is not None:
             del config.quantization_config  # a GGUF base is dequantized: the adapter applies to its plain weights
+        if not getattr(config, "architectures", None):
+            # A config read from a .gguf names no architecture, which the converter picks its
+            # tensor names by: the causal LM class of the model type is what the job trained.
+            from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+            architecture = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(config.model_type)
+            if architecture is None:
+                raise JobFailure("export_failed", f"cannot tell the architecture of the base model ({config.model_type})")
+            config.architectures = [architecture]
         folder = self.work / "base-config"
         self.work.mkdir(parents=True, exist_ok=True)
         with save_atomically(folder) as partial:
@@ -332,6 +341,7 @@ class Export:
 
 # -- failures --------------------------------------------------------------------
 
+_NEARLY_FULL = 32 * 1024 * 1024  # bytes
 _TOOL_MEMORY_WORDS = ("out of memory", "memoryerror", "bad_alloc", "cannot allocate memory")
 
 
@@ -339,7 +349,10 @@ def failure(exc: BaseException) -> tuple[ErrorCode, str]:
     """An error code and a sentence that says what to do, for an unexpected failure."""
     if isinstance(exc, ToolFailed):
         text = "\n".join(exc.tail).lower()
-        if "no space left on device" in text or "disk quota exceeded" in text:
+        # numpy's short write ("331776 requested and 303824 written") names no errno: the
+        # free space left where the tool wrote tells a full disk from other failures.
+        short_of_space = exc.disk_free is not None and exc.disk_free < _NEARLY_FULL
+        if short_of_space or "no space left on device" in text or "disk quota exceeded" in text:
             return "disk_full", f"The disk is full ({exc}). {DISK_ADVICE}"
         if exc.returncode == -signal.SIGKILL or any(word in text for word in _TOOL_MEMORY_WORDS):
             return "out_of_memory", f"Out of memory ({exc}). Close other programs or export on a machine with more memory."

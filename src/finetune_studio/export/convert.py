@@ -75,6 +75,7 @@ def convert_model(
         run_tool(
             "convert_hf_to_gguf.py",
             [sys.executable, str(tools.convert_hf), str(model_dir), "--outtype", outtype, "--outfile", str(partial)],
+            output=partial,
             stop=stop,
             on_line=reader,
             env=tools.script_env(),
@@ -99,6 +100,7 @@ def convert_lora(
             "convert_lora_to_gguf.py",
             [sys.executable, str(tools.convert_lora), str(adapter_dir), "--base", str(base_config_dir),
              "--outtype", outtype, "--outfile", str(partial)],
+            output=partial,
             stop=stop,
             on_line=reader,
             env=tools.script_env(),

@@ -9,7 +9,9 @@ callback that turns it into progress; tqdm's `\\r` updates count as lines.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -23,16 +25,17 @@ from finetune_studio.training.channel import StopRequested, StopSignal
 
 # Seconds a tool has to end after SIGTERM before it is killed.
 _TERMINATE_GRACE = 10.0
-_TAIL_LINES = 40
+_TAIL_LINES = 80
 
 
 class ToolFailed(Exception):
     """A tool exited with an error; `tail` holds its last lines (the reason is usually there)."""
 
-    def __init__(self, tool: str, returncode: int, tail: list[str]) -> None:
+    def __init__(self, tool: str, returncode: int, tail: list[str], disk_free: Optional[int] = None) -> None:
         self.tool = tool
         self.returncode = returncode
         self.tail = tail
+        self.disk_free = disk_free  # bytes free where it wrote, as it failed (a short write says no more)
         how = f"signal {signal.Signals(-returncode).name}" if returncode < 0 and -returncode in signal.valid_signals() else f"exit status {returncode}"
         last = next((line for line in reversed(tail) if line.strip()), "")
         super().__init__(f"{tool} failed ({how}){': ' + last.strip() if last else ''}")
@@ -55,9 +58,12 @@ def run_tool(
     on_line: Callable[[str], None],
     env: Optional[dict[str, str]] = None,
     cwd: Optional[Path] = None,
+    output: Optional[Path] = None,
 ) -> None:
     """Run argv to the end, feeding each output line to on_line. Raises StopRequested
-    (after ending the tool) when a stop arrives, ToolFailed when it exits non-zero."""
+    (after ending the tool) when a stop arrives, ToolFailed when it exits non-zero
+    (with the free space beside output, the file it writes, measured before the
+    caller removes what it had written)."""
     stop.check()
     process = subprocess.Popen(  # noqa: S603 - our own interpreter and llama.cpp's scripts, no shell
         list(argv),
@@ -70,12 +76,12 @@ def run_tool(
     tail: deque[str] = deque(maxlen=_TAIL_LINES)
     callback_errors: list[BaseException] = []
 
-    output = process.stdout.fileno() if process.stdout is not None else -1
+    stdout_fd = process.stdout.fileno() if process.stdout is not None else -1
 
     def read() -> None:
         pending = b""
         while True:
-            chunk = os.read(output, 65536)
+            chunk = os.read(stdout_fd, 65536)
             if not chunk:
                 break
             pending += chunk
@@ -116,4 +122,8 @@ def run_tool(
     if callback_errors:
         raise callback_errors[0]
     if process.returncode != 0:
-        raise ToolFailed(name, process.returncode, list(tail))
+        free: Optional[int] = None
+        if output is not None:
+            with contextlib.suppress(OSError):
+                free = shutil.disk_usage(output.parent).free
+        raise ToolFailed(name, process.returncode, list(tail), free)

@@ -48,6 +48,7 @@ def quantize_file(
         run_tool(
             f"llama_model_quantize ({name})",
             [sys.executable, "-m", "finetune_studio.export.quantize", str(source), str(partial), name],
+            output=partial,
             stop=stop,
             on_line=on_line,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
