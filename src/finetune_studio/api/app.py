@@ -103,13 +103,14 @@ def create_app(
                 exporting = UnloadingLauncher(exporting, inference)
             supervisor = Supervisor(service, training, settings, export_launcher=exporting)
             app.state.studio = Studio(settings, service, supervisor, inference, file_store)
-            app.state.inspector = Inspector(settings)  # dataset inspections: children of their own
+            inspector = app.state.inspector = Inspector(settings)  # dataset inspections: children of their own
             await supervisor.start()
             keepalive = asyncio.create_task(service.keep_streams_alive(), name="stream keep-alive")
             try:
                 yield
             finally:
                 keepalive.cancel()
+                await inspector.shutdown()
                 await inference.shutdown()
                 await supervisor.shutdown()
                 file_store.close()

@@ -44,6 +44,7 @@ class Inspector:
         self.timeout = settings.inspect_timeout_seconds
         self.log_path = settings.data_dir / LOG_NAME
         self.running = 0
+        self.processes: set[asyncio.subprocess.Process] = set()
 
     async def inspect(self, body: dict[str, Any]) -> dict[str, Any]:
         """The child's `DatasetInspection` (as JSON) for a validated request body (secrets included)."""
@@ -58,8 +59,19 @@ class Inspector:
         finally:
             self.running -= 1
 
+    async def shutdown(self) -> None:
+        """Kill and reap every running inspection's child (the server is stopping: a request
+        still waiting on one may never be cancelled)."""
+        for process in list(self.processes):
+            if process.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    process.kill()
+        for process in list(self.processes):
+            await process.wait()
+
     async def _run(self, body: dict[str, Any]) -> dict[str, Any]:
         process = await self._start()
+        self.processes.add(process)
         try:
             try:
                 out, _ = await asyncio.wait_for(
@@ -77,6 +89,7 @@ class Inspector:
                     process.kill()
                 with contextlib.suppress(asyncio.CancelledError):
                     await asyncio.shield(process.wait())
+            self.processes.discard(process)
         answer = _answer(out)
         if answer is not None and answer.get("type") == "inspection" and isinstance(answer.get("inspection"), dict):
             inspection: dict[str, Any] = answer["inspection"]

@@ -5,7 +5,6 @@
 // /datasets/inspect, where the server has it).
 
 import { api, ApiError } from "./api.js";
-import { inspectInto } from "./inspect.js";
 import { inWords } from "./fields.js";
 
 const PURPOSE = "studio";
@@ -36,7 +35,6 @@ export class Uploads {
     this.state = form.querySelector("#upload-state");
     this.listBox = form.querySelector("#uploads");
     this.list = form.querySelector("#upload-list");
-    this.preview = form.querySelector("#data-preview");
     this.files = [];
     this.input.addEventListener("change", () => {
       this.upload([...this.input.files]);
@@ -91,7 +89,8 @@ export class Uploads {
     this.renderList();
   }
 
-  /** Name a stored file in the form's dataset list (once), and preview it. */
+  /** Name a stored file in the form's dataset list (once); the form's input event has
+   * the dataset preview (inspect.js's watchDatasetFields) read it. */
   use(file) {
     const input = this.form.elements.local_datasets;
     const name = datasetName(file);
@@ -99,7 +98,6 @@ export class Uploads {
     if (!lines.includes(name)) lines.push(name);
     input.value = lines.join("\n");
     input.dispatchEvent(new Event("input", { bubbles: true }));
-    this.showPreview(name, file.filename);
   }
 
   renderList() {
@@ -119,14 +117,5 @@ export class Uploads {
       return li;
     });
     this.list.replaceChildren(...items);
-  }
-
-  /** The first rows of `name` as a job would read them (POST /datasets/inspect, drawn by inspect.js). */
-  async showPreview(name, filename) {
-    await inspectInto(this.preview, {
-      local_datasets: [name],
-      format_type: this.form.elements.format_type.value || "auto",
-      preview_rows: 3,
-    });
   }
 }
