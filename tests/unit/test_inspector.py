@@ -83,3 +83,21 @@ def test_one_inspection_past_the_slots_is_refused_and_a_cancelled_one_kills_its_
         return pid
 
     assert not alive(asyncio.run(scenario()))
+
+
+def test_stopping_the_server_kills_a_running_inspection(tmp_path: Path) -> None:
+    """A request still waiting on its child when the server stops is not cancelled first:
+    `shutdown` kills the child, and the waiting request answers InspectionFailed."""
+    body = {"act": "hang", "pid_file": str(tmp_path / "pid")}
+
+    async def scenario() -> None:
+        runner = inspector(tmp_path, inspect_timeout_seconds=600)
+        request = asyncio.ensure_future(runner.inspect(body))
+        pid = await asyncio.to_thread(pid_in, tmp_path / "pid")
+        await runner.shutdown()
+        assert not alive(pid)
+        with pytest.raises(InspectionFailed):
+            await request
+        assert runner.running == 0 and not runner.processes
+
+    asyncio.run(scenario())
