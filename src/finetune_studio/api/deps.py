@@ -1,4 +1,5 @@
-"""The routes' dependencies: the studio (settings, job service, supervisor, inference, files) and the job.
+"""The routes' dependencies: the studio (settings, job service, supervisor, inference, files) and the job;
+and `Responses`, the type of a route's documented answers.
 
 Both are `async def`, so they run on the event loop like the routes: the SQLite
 store is used from that one thread only (a plain `def` would run in a thread pool,
@@ -11,7 +12,7 @@ calls `studio_of` itself, which costs nothing.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, Any, Union
 
 from fastapi import Depends, Request
 
@@ -21,6 +22,9 @@ from finetune_studio.jobs.service import JobService
 from finetune_studio.jobs.store import JobRecord
 from finetune_studio.supervisor.inference import InferenceManager
 from finetune_studio.supervisor.supervisor import Supervisor
+
+# Documented answers of a route, as FastAPI's `responses` takes them.
+Responses = dict[Union[int, str], dict[str, Any]]
 
 
 @dataclass(frozen=True)

@@ -1,28 +1,33 @@
-"""One job's event stream as an HTTP answer, for every kind of job (/train/stream, /export/stream).
+"""One job's event stream and polled status as HTTP answers, for every kind of job
+(/train/stream and /train/status, /export/stream and /export/status).
 
 The events, their ids and their replay live in `JobService.stream`; this module
 turns a stream request into the answer: a cursor from `Last-Event-ID` (header or
 query), a 416 for a cursor past the job's last event, a 503 when the job has as
-many streams open as the server allows, else a `BoundedEventStream`.
+many streams open as the server allows, else a `BoundedEventStream`. A status
+poll (`status_answer`) is answered from the stored JSON.
 """
 
 from __future__ import annotations
 
-from typing import Any, Optional, Union
+from typing import Annotated, Optional
 
-from fastapi import Response, status
+from fastapi import Header, Query, Response, status
 from fastapi.responses import JSONResponse
 
-from finetune_studio.api.deps import Studio
+from finetune_studio.api.deps import Responses, Studio
 from finetune_studio.api.streaming import BoundedEventStream
 from finetune_studio.errors import PastLastEvent
+from finetune_studio.jobs.phases import JobKind
 from finetune_studio.jobs.store import JobRecord
 
-# Documented answers of a route, as FastAPI's `responses` takes them.
-Responses = dict[Union[int, str], dict[str, Any]]
 # Event ids are SQLite integers: a larger cursor is refused (422) rather than overflowing.
 MAX_EVENT_ID = 2**63 - 1
 STREAM_RETRY_SECONDS = 5
+# A stream route's two cursors, the header a reconnecting EventSource sends and the query a
+# client that cannot set headers uses; `open_event_stream` resumes after the larger.
+LastEventIdHeader = Annotated[Optional[int], Header(alias="Last-Event-ID", ge=0, le=MAX_EVENT_ID)]
+LastEventIdQuery = Annotated[Optional[int], Query(ge=0, le=MAX_EVENT_ID, description="Resume after this event id")]
 
 PAST_END: Responses = {
     status.HTTP_416_RANGE_NOT_SATISFIABLE: {
@@ -88,3 +93,18 @@ def open_event_stream(
         on_close=lambda: service.close_reader(job.id),
         headers=headers,
     )
+
+
+def status_answer(studio: Studio, job_id: str, kind: JobKind) -> Response:
+    """The job's current status, for polling; a job of another kind is not found."""
+    # The pollers' hot path: no dependency to solve, and the status JSON as stored
+    # (it was validated when written); only a queued job's answer is built, to add
+    # its place in the queue.
+    service = studio.service
+    phase, status_json = service.store.status_json(job_id, kind=kind)
+    if phase == "idle":
+        job = service.store.get_job(job_id)
+        position = studio.supervisor.queue_positions(kind).get(job_id)
+        queued = service.export_status_of(job, position) if kind == "export" else service.status_of(job, position)
+        status_json = queued.model_dump_json()
+    return Response(status_json, media_type="application/json")

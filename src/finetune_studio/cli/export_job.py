@@ -27,13 +27,12 @@ from pathlib import Path, PurePosixPath
 from typing import IO, Any, Optional, Union
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn
-from rich.text import Text
+from rich.progress import BarColumn, MofNCompleteColumn, ProgressColumn, TaskID, TextColumn
 
-from finetune_studio.cli.client import StreamEvent, StudioClient, StudioError
+from finetune_studio.cli.client import StudioClient, StudioError
 from finetune_studio.cli.follow import EXIT_COMPLETED, EXIT_FAILED, EXIT_LEFT_RUNNING, EXIT_REFUSED, Notes
 from finetune_studio.cli.local_server import LocalServer
-from finetune_studio.cli.progress import Clock, JsonLinesView, StatusLines, format_seconds
+from finetune_studio.cli.progress import AnyView, BarView, Clock, JsonLinesView, LinesView, format_seconds, make_view
 from finetune_studio.cli.train import _exit_on_signal, _release, _start_server, may_start_server
 
 
@@ -57,102 +56,45 @@ def _stage_line(progress: dict[str, Any]) -> str:
     )
 
 
-def _print_plain(console: Console, line: str) -> None:
-    console.print(Text(line), soft_wrap=True, highlight=False)
-
-
-class ExportLinesView:
+class ExportLinesView(LinesView):
     """Plain lines: every status, and a progress line every `every_seconds` and at each file's end."""
 
-    def __init__(self, console: Console, *, clock: Clock = time.monotonic, every_seconds: float = 5.0) -> None:
-        self.console = console
-        self.clock = clock
-        self.every_seconds = every_seconds
-        self._status = StatusLines()
-        self._last_line_at: Optional[float] = None
+    def line(self, progress: dict[str, Any]) -> str:
+        return _stage_line(progress)
 
-    def show(self, event: StreamEvent) -> None:
-        if event.kind == "status":
-            for line in self._status.lines(event.data):
-                _print_plain(self.console, line)
-        elif event.kind == "progress":
-            now = self.clock()
-            whole = event.data["done"] >= event.data["total"]
-            if self._last_line_at is None or now - self._last_line_at >= self.every_seconds or whole:
-                _print_plain(self.console, _stage_line(event.data))
-                self._last_line_at = now
-        self.console.file.flush()
-
-    def close(self) -> None:
-        self.console.file.flush()
+    def is_last(self, progress: dict[str, Any]) -> bool:
+        return bool(progress["done"] >= progress["total"])
 
 
-class ExportLiveView:
+class ExportLiveView(BarView):
     """A terminal: stage lines scroll above one bar per stage and file (tensors done of total)."""
 
     def __init__(self, console: Console, *, clock: Clock = time.monotonic) -> None:
-        self.console = console
-        self._status = StatusLines()
-        self.progress = Progress(
+        super().__init__(console, clock=clock)
+        self._tasks: dict[tuple[str, str], TaskID] = {}
+
+    def columns(self) -> tuple[Union[str, ProgressColumn], ...]:
+        return (
             TextColumn("{task.description}"),
             BarColumn(bar_width=None),
             MofNCompleteColumn(),
             TextColumn("{task.fields[percent]} of the export, eta {task.fields[eta]}"),
-            console=console,
-            auto_refresh=False,
-            get_time=clock,
-            redirect_stdout=False,
-            redirect_stderr=False,
-            expand=True,
         )
-        self._tasks: dict[tuple[str, str], TaskID] = {}
-        self._running = False
 
-    def show(self, event: StreamEvent) -> None:
-        if event.kind == "status":
-            if event.is_terminal:
-                self.close()
-            for line in self._status.lines(event.data):
-                self.console.print(Text(line), highlight=False)
-            return
-        if event.kind != "progress":
-            return
-        data = event.data
-        key = (str(data["stage"]), str(data.get("file") or ""))
+    def update(self, progress: dict[str, Any]) -> None:
+        key = (str(progress["stage"]), str(progress.get("file") or ""))
         if key not in self._tasks:
             self._tasks[key] = self.progress.add_task(
-                " ".join(part for part in key if part), total=data["total"], percent="", eta=""
+                " ".join(part for part in key if part), total=progress["total"], percent="", eta=""
             )
         self.progress.update(
-            self._tasks[key], completed=data["done"], total=data["total"],
-            percent=f"{float(data['progress_percent']):.1f}%", eta=format_seconds(data.get("eta_seconds")),
+            self._tasks[key], completed=progress["done"], total=progress["total"],
+            percent=f"{float(progress['progress_percent']):.1f}%", eta=format_seconds(progress.get("eta_seconds")),
         )
-        if self._running:
-            self.progress.refresh()
-        else:
-            self.progress.start()
-            self._running = True
-
-    def close(self) -> None:
-        if self._running:
-            self.progress.stop()
-            self._running = False
-
-
-ExportView = Union[ExportLiveView, ExportLinesView, JsonLinesView]
-
-
-def make_export_view(out: IO[str], *, output_json: bool = False, clock: Clock = time.monotonic) -> ExportView:
-    if output_json:
-        return JsonLinesView(out)
-    console = Console(file=out)
-    if console.is_terminal and not console.is_dumb_terminal:
-        return ExportLiveView(console, clock=clock)
-    return ExportLinesView(console, clock=clock)
 
 
 def follow_export(
-    client: StudioClient, export_id: str, view: ExportView, notify: Callable[[str], None]
+    client: StudioClient, export_id: str, view: AnyView, notify: Callable[[str], None]
 ) -> Optional[dict[str, Any]]:
     """Show the export's events until it ends: its terminal status. Ctrl-C stops it and
     keeps following; a second Ctrl-C leaves it running (None)."""
@@ -243,7 +185,7 @@ def _run(
     for request in requests:
         export_id = client.start_export(request)
         notes.say(f"queued export {export_id} of job {args.job_id} as {request['format']} ({', '.join(request['quantization'])})")
-        view = make_export_view(stdout, output_json=args.output_json)
+        view = make_view(stdout, output_json=args.output_json, live=ExportLiveView, lines=ExportLinesView)
         status = follow_export(client, export_id, view, notes.say)
         if status is None:
             return EXIT_LEFT_RUNNING, downloaded

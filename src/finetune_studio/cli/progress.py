@@ -11,7 +11,9 @@ StringIO with a fixed clock and compare the exact text:
                    every few seconds and at the last step
     JsonLinesView  --output-json: one JSON object per event, for scripts
 
-`make_view` picks one for a command.
+LiveView is a BarView (status lines above a bar redrawn per event), which the
+export command's view shares (cli/export_job.py), as its lines view subclasses
+LinesView. `make_view` picks one for a command.
 """
 
 from __future__ import annotations
@@ -23,7 +25,15 @@ from collections.abc import Callable, Iterator
 from typing import IO, TYPE_CHECKING, Any, Optional, Protocol, Union
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TaskProgressColumn, TextColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    ProgressColumn,
+    TaskID,
+    TaskProgressColumn,
+    TextColumn,
+)
 from rich.text import Text
 
 if TYPE_CHECKING:
@@ -98,7 +108,10 @@ def _print_plain(console: Console, line: str) -> None:
 
 
 class LinesView:
-    """Plain lines for a pipe or a log: every status, and a progress line every `every_seconds` and at the last step."""
+    """Plain lines for a pipe or a log: every status, and a progress line every `every_seconds` and at the last step.
+
+    A stream whose progress events say something else (an export's stages) subclasses
+    it and overrides `line` and `is_last`."""
 
     def __init__(self, console: Console, *, clock: Clock = time.monotonic, every_seconds: float = 5.0) -> None:
         self.console = console
@@ -107,15 +120,23 @@ class LinesView:
         self._status = StatusLines()
         self._last_line_at: Optional[float] = None
 
+    def line(self, progress: dict[str, Any]) -> str:
+        """A progress event as one line."""
+        return progress_line(progress)
+
+    def is_last(self, progress: dict[str, Any]) -> bool:
+        """Whether this progress event ends a run of them (always shown, however soon after the one before)."""
+        return bool(progress["step"] >= progress["total_steps"])
+
     def show(self, event: StreamEvent) -> None:
         if event.kind == "status":
             for line in self._status.lines(event.data):
                 _print_plain(self.console, line)
         elif event.kind == "progress":
             now = self.clock()
-            last = event.data["step"] >= event.data["total_steps"]
+            last = self.is_last(event.data)
             if self._last_line_at is None or now - self._last_line_at >= self.every_seconds or last:
-                _print_plain(self.console, progress_line(event.data))
+                _print_plain(self.console, self.line(event.data))
                 self._last_line_at = now
         self.console.file.flush()
 
@@ -127,20 +148,18 @@ class LinesView:
         self.console.file.flush()
 
 
-class LiveView:
-    """A terminal: phase lines scroll above a rich progress bar that each step redraws."""
+class BarView:
+    """What the terminal views share: status lines scroll above a rich `Progress` that each
+    progress event redraws. A subclass names the bar's `columns` and says, in `update`,
+    which bar an event moves and how."""
 
     def __init__(self, console: Console, *, clock: Clock = time.monotonic) -> None:
         self.console = console
         self._status = StatusLines()
         # Redrawn on each event rather than by a refresh thread: the numbers only
-        # change when the server sends a step, and the output stays deterministic.
+        # change when the server sends an event, and the output stays deterministic.
         self.progress = Progress(
-            TextColumn("{task.description}"),
-            BarColumn(bar_width=None),
-            MofNCompleteColumn(),
-            TaskProgressColumn(),
-            TextColumn("loss {task.fields[loss]}  lr {task.fields[lr]}  {task.fields[elapsed]} elapsed, eta {task.fields[eta]}"),
+            *self.columns(),
             console=console,
             auto_refresh=False,
             get_time=clock,
@@ -148,8 +167,15 @@ class LiveView:
             redirect_stderr=False,
             expand=True,
         )
-        self._task: Optional[TaskID] = None
         self._running = False
+
+    def columns(self) -> tuple[Union[str, ProgressColumn], ...]:
+        """What a bar shows, left to right."""
+        raise NotImplementedError
+
+    def update(self, progress: dict[str, Any]) -> None:
+        """Move the bar(s) to what this progress event says."""
+        raise NotImplementedError
 
     def show(self, event: StreamEvent) -> None:
         if event.kind == "status":
@@ -159,14 +185,7 @@ class LiveView:
                 # While the bar is live, rich prints these above it.
                 self.console.print(Text(line), highlight=False)
         elif event.kind == "progress":
-            data = event.data
-            loss, lr = loss_text(data), _number(data.get("learning_rate"), ".2e")
-            elapsed, eta = format_seconds(data.get("elapsed_seconds")), format_seconds(data.get("eta_seconds"))
-            if self._task is None:
-                self._task = self.progress.add_task("training", total=data["total_steps"])
-            self.progress.update(
-                self._task, completed=data["step"], total=data["total_steps"], loss=loss, lr=lr, elapsed=elapsed, eta=eta
-            )
+            self.update(event.data)
             if self._running:
                 self.progress.refresh()
             else:
@@ -194,6 +213,32 @@ class LiveView:
         self._stop()
 
 
+class LiveView(BarView):
+    """A terminal: phase lines scroll above a rich progress bar that each step redraws."""
+
+    def __init__(self, console: Console, *, clock: Clock = time.monotonic) -> None:
+        super().__init__(console, clock=clock)
+        self._task: Optional[TaskID] = None
+
+    def columns(self) -> tuple[Union[str, ProgressColumn], ...]:
+        return (
+            TextColumn("{task.description}"),
+            BarColumn(bar_width=None),
+            MofNCompleteColumn(),
+            TaskProgressColumn(),
+            TextColumn("loss {task.fields[loss]}  lr {task.fields[lr]}  {task.fields[elapsed]} elapsed, eta {task.fields[eta]}"),
+        )
+
+    def update(self, progress: dict[str, Any]) -> None:
+        loss, lr = loss_text(progress), _number(progress.get("learning_rate"), ".2e")
+        elapsed, eta = format_seconds(progress.get("elapsed_seconds")), format_seconds(progress.get("eta_seconds"))
+        if self._task is None:
+            self._task = self.progress.add_task("training", total=progress["total_steps"])
+        self.progress.update(
+            self._task, completed=progress["step"], total=progress["total_steps"], loss=loss, lr=lr, elapsed=elapsed, eta=eta
+        )
+
+
 class JsonLinesView:
     """--output-json: {"event": kind, "id": n, "data": {...}} per line; the command adds a summary line."""
 
@@ -215,14 +260,21 @@ class JsonLinesView:
         self.out.flush()
 
 
-AnyView = Union[LiveView, LinesView, JsonLinesView]
+AnyView = Union[BarView, LinesView, JsonLinesView]
 
 
-def make_view(out: IO[str], *, output_json: bool = False, clock: Clock = time.monotonic) -> AnyView:
-    """JSON lines when asked; a live bar on a terminal; plain lines anywhere else."""
+def make_view(
+    out: IO[str],
+    *,
+    output_json: bool = False,
+    clock: Clock = time.monotonic,
+    live: type[BarView] = LiveView,
+    lines: type[LinesView] = LinesView,
+) -> AnyView:
+    """JSON lines when asked; a live bar (`live`) on a terminal; plain lines (`lines`) anywhere else."""
     if output_json:
         return JsonLinesView(out)
     console = Console(file=out)
     if console.is_terminal and not console.is_dumb_terminal:
-        return LiveView(console, clock=clock)
-    return LinesView(console, clock=clock)
+        return live(console, clock=clock)
+    return lines(console, clock=clock)

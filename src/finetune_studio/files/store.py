@@ -35,6 +35,7 @@ from typing import BinaryIO, Optional
 from finetune_studio.errors import FileNotFound, InvalidFile
 from finetune_studio.files.checks import STUDIO_SUFFIXES, FileFacts, check_file
 from finetune_studio.files.preference import write_dpo_rows
+from finetune_studio.jobs.store import connect
 
 _COPY_CHUNK = 1024 * 1024
 DPO_SUFFIX = ".dpo.jsonl"
@@ -77,9 +78,7 @@ class FileStore:
         """`db_path` is the JobStore's database, migrated by it (the `files` table is its migration 3)."""
         self.folder = folder
         folder.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(str(db_path), isolation_level=None, check_same_thread=False)
-        self._db.row_factory = sqlite3.Row
-        self._db.execute("PRAGMA busy_timeout=5000")
+        self._db = connect(db_path)
         self._sweep_partials()
 
     def close(self) -> None:

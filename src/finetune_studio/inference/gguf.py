@@ -110,7 +110,6 @@ class Session:
         params.n_seq_max = 1
         params.n_threads, params.n_threads_batch = _threads()
         self.size = size
-        self.adapter: Optional[str] = None  # the adapter set on this context
         self.ctx = llama.llama_init_from_model(owner.model, params)
         if not self.ctx:
             raise RequestFailed(
@@ -132,6 +131,8 @@ class GgufModel:
         self.key = key
         self.llama = llama
         self.model = model
+        # Freed by close() when the pool drops it, or at exit (after its contexts, made later).
+        self._free = weakref.finalize(self, llama.llama_model_free, model)
         self.vocab = llama.llama_model_get_vocab(model)
         self.device = torch.device("cpu")  # the logits are copied out of llama.cpp into CPU memory
         self.users = 0
@@ -145,7 +146,6 @@ class GgufModel:
         self._pieces: dict[int, bytes] = {}
         self._adapters: dict[str, tuple[str, Any]] = {}  # file -> (name, llama_adapter_lora)
         self._sessions: weakref.WeakSet[Session] = weakref.WeakSet()
-        self._free = weakref.finalize(self, llama.llama_model_free, model)
 
     # -- the prompt and the text ------------------------------------------------
 
@@ -257,7 +257,6 @@ class GgufModel:
             code = int(self.llama.llama_set_adapters_lora(session.ctx, None, 0, None))
         if code != 0:
             raise RequestFailed("model_not_found", f"llama.cpp could not set the LoRA adapter (code {code})", "model")
-        session.adapter = adapter
 
     # -- unloading --------------------------------------------------------------
 

@@ -131,16 +131,25 @@ def _loads(text: str) -> Any:
     return json.loads(_servable(text))
 
 
+def connect(path: Path) -> sqlite3.Connection:
+    """A connection to the studio's database as each store opens it (JobStore; files/'s
+    FileStore, on the same file): autocommit, so that every write transaction is an
+    explicit `BEGIN IMMEDIATE`; rows read by column name; a lock held by another
+    connection waited for up to 5 s rather than failing at once."""
+    db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
+    db.row_factory = sqlite3.Row
+    db.execute("PRAGMA busy_timeout=5000")
+    return db
+
+
 class JobStore:
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
-        self._db.row_factory = sqlite3.Row
+        self._db = connect(path)
         self._db.execute("PRAGMA journal_mode=WAL")
         # NORMAL in WAL mode survives a crash of this process; only power loss can
         # lose the last transactions.
         self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.execute("PRAGMA busy_timeout=5000")
         self._db.execute("PRAGMA foreign_keys=ON")
         self._migrate()
 

@@ -36,7 +36,7 @@ import dataclasses
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, TypeVar
 
 from finetune_studio.config import Settings
 from finetune_studio.errors import InvalidTransition, JobAlreadyFinished, NotPausable
@@ -59,6 +59,8 @@ log = logging.getLogger("finetune_studio.supervisor")
 
 
 
+# The status a stop answers with, of either kind.
+_Status = TypeVar("_Status", TrainingStatus, ExportStatus)
 # What each kind's worker is called in messages.
 _WORKER_NAME = {"train": "the training process", "export": "the export process"}
 _FAILED = {"train": "Training failed", "export": "Export failed"}
@@ -291,30 +293,24 @@ class Supervisor:
     async def stop_job(self, job_id: str) -> TrainingStatus:
         """Stop a training job (see the module docstring)."""
         running, already = await self._stop(self.service.store.get_job(job_id, kind="train"))
-        status = self.service.status_of(self.service.store.get_job(job_id))
-        if not running:
-            return status
-        status.message = (
-            "A stop was already requested; the job stops after its current step"
-            if already
-            else "Stop requested; the job stops after its current step and saves what it trained"
+        return _stop_answer(
+            self.service.status_of(self.service.store.get_job(job_id)),
+            running,
+            already,
+            first="Stop requested; the job stops after its current step and saves what it trained",
+            again="A stop was already requested; the job stops after its current step",
         )
-        status.details = {**(status.details or {}), "stop_requested": True}
-        return status
 
     async def stop_export(self, export_id: str) -> ExportStatus:
         """Stop an export: a queued one at once; a running one ends `stopped` with its partial files removed."""
         running, already = await self._stop(self.service.store.get_job(export_id, kind="export"))
-        status = self.service.export_status_of(self.service.store.get_job(export_id))
-        if not running:
-            return status
-        status.message = (
-            "A stop was already requested; the export stops and removes its unfinished files"
-            if already
-            else "Stop requested; the export stops and removes its unfinished files"
+        return _stop_answer(
+            self.service.export_status_of(self.service.store.get_job(export_id)),
+            running,
+            already,
+            first="Stop requested; the export stops and removes its unfinished files",
+            again="A stop was already requested; the export stops and removes its unfinished files",
         )
-        status.details = {**(status.details or {}), "stop_requested": True}
-        return status
 
     async def _stop(self, job: JobRecord) -> tuple[bool, bool]:
         """Stop `job`: a queued one ends `stopped` at once; a running one is asked to stop.
@@ -396,6 +392,16 @@ class Supervisor:
         await asyncio.sleep(self.settings.kill_grace_seconds)
         log.warning("job %s did not exit after SIGTERM; sending SIGKILL", job_id)
         handle.kill()
+
+
+def _stop_answer(status: _Status, running: bool, already: bool, *, first: str, again: str) -> _Status:
+    """What a stop request answers: the status as it is, when the job was queued (it is
+    `stopped` now); for a running one, what the stop will do (`first`, or `again` when a
+    stop had been asked of it before) and `details.stop_requested`."""
+    if running:
+        status.message = again if already else first
+        status.details = {**(status.details or {}), "stop_requested": True}
+    return status
 
 
 def _paused(details: Optional[dict[str, Any]]) -> tuple[str, dict[str, Any]]:

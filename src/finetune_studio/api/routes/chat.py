@@ -16,12 +16,12 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Awaitable
-from typing import Any, Optional, TypeVar, Union
+from typing import Any, Optional, TypeVar
 
 from fastapi import APIRouter, Request, Response, status
 from fastapi.responses import JSONResponse
 
-from finetune_studio.api.deps import StudioDep
+from finetune_studio.api.deps import Responses, StudioDep
 from finetune_studio.api.served_models import resolve_model, served_models
 from finetune_studio.api.streaming import BoundedEventStream
 from finetune_studio.errors import ChatError, InferenceUnavailable, InvalidChatRequest, ModelNotFound
@@ -44,7 +44,6 @@ from finetune_studio.text import clean_text
 from finetune_studio.wire import SamplingParams
 
 router = APIRouter(prefix="/v1", tags=["openai"])
-Responses = dict[Union[int, str], dict[str, Any]]
 DONE = b"data: [DONE]\n\n"
 # nginx's code for "the client closed the request": what is logged for an answer nobody reads.
 _CLIENT_GONE = 499

@@ -13,11 +13,19 @@ import base64
 from pathlib import Path, PurePosixPath
 from typing import Annotated, Any, Optional
 
-from fastapi import APIRouter, Header, Query, Request, Response, status
+from fastapi import APIRouter, Query, Request, Response, status
 from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
 
-from finetune_studio.api.deps import ExportDep, StudioDep, studio_of
-from finetune_studio.api.job_stream import FULL, MAX_EVENT_ID, PAST_END, Responses, open_event_stream, stream_items
+from finetune_studio.api.deps import ExportDep, Responses, StudioDep, studio_of
+from finetune_studio.api.job_stream import (
+    FULL,
+    PAST_END,
+    LastEventIdHeader,
+    LastEventIdQuery,
+    open_event_stream,
+    status_answer,
+    stream_items,
+)
 from finetune_studio.errors import JobNotFound
 from finetune_studio.export.tools import tools_problem
 from finetune_studio.jobs.store import JobRecord
@@ -134,13 +142,7 @@ async def start_export(request: ExportStartRequest, studio: StudioDep) -> Respon
 @router.get("/status/{export_id}", response_model=ExportStatus, responses=_NOT_FOUND)
 async def export_status(export_id: str, request: Request) -> Response:
     """The export's current phase (for polling)."""
-    studio = studio_of(request)
-    phase, status_json = studio.service.store.status_json(export_id, kind="export")
-    if phase == "idle":
-        job = studio.service.store.get_job(export_id)
-        position = studio.supervisor.queue_positions("export").get(export_id)
-        status_json = studio.service.export_status_of(job, position).model_dump_json()
-    return Response(status_json, media_type="application/json")
+    return status_answer(studio_of(request), export_id, "export")
 
 
 @router.get(
@@ -156,8 +158,8 @@ async def export_status(export_id: str, request: Request) -> Response:
 async def export_stream(
     export: ExportDep,
     studio: StudioDep,
-    last_event_id_header: Annotated[Optional[int], Header(alias="Last-Event-ID", ge=0, le=MAX_EVENT_ID)] = None,
-    last_event_id: Annotated[Optional[int], Query(ge=0, le=MAX_EVENT_ID, description="Resume after this event id")] = None,
+    last_event_id_header: LastEventIdHeader = None,
+    last_event_id: LastEventIdQuery = None,
 ) -> Response:
     """Every status and progress event of the export as Server-Sent Events, exactly as
     GET /train/stream/{id} sends a training job's: replay after `Last-Event-ID`, live

@@ -12,19 +12,18 @@ file never holds the loop. The page's uploads call `receive_upload` too (purpose
 from __future__ import annotations
 
 import asyncio
-from typing import Annotated, Any, Literal, Optional, Union
+from typing import Annotated, Literal, Optional
 
 from fastapi import APIRouter, File, Form, Query, UploadFile, status
 from fastapi.responses import FileResponse
 
-from finetune_studio.api.deps import Studio, StudioDep
+from finetune_studio.api.deps import Responses, Studio, StudioDep
 from finetune_studio.errors import InvalidFile
 from finetune_studio.files.checks import PURPOSES
 from finetune_studio.files.store import StoredFile
 from finetune_studio.openai_wire import ErrorResponse, FileDeleted, FileList, FileObject
 
 router = APIRouter(prefix="/v1/files", tags=["openai"])
-Responses = dict[Union[int, str], dict[str, Any]]
 _ERRORS: Responses = {
     status.HTTP_400_BAD_REQUEST: {"model": ErrorResponse, "description": "The file does not fit its purpose; the message names its bad lines"},
     status.HTTP_404_NOT_FOUND: {"model": ErrorResponse, "description": "No file has this id"},

@@ -9,15 +9,14 @@ between the two faces lives in api/openai_jobs.py.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Optional, Union
+from typing import Annotated, Optional
 
 from fastapi import APIRouter, Query, status
 
-from finetune_studio.api.deps import StudioDep
+from finetune_studio.api.deps import JobDep, Responses, StudioDep
 from finetune_studio.api.openai_jobs import job_checkpoints, job_events, job_object, training_request
 from finetune_studio.api.routes.train import queue_training
 from finetune_studio.errors import InvalidChatRequest
-from finetune_studio.jobs.store import JobRecord
 from finetune_studio.openai_wire import (
     ErrorResponse,
     FineTuningJob,
@@ -29,18 +28,12 @@ from finetune_studio.openai_wire import (
 from finetune_studio.schemas import OPENAI_JOB
 
 router = APIRouter(prefix="/v1/fine_tuning", tags=["openai"])
-Responses = dict[Union[int, str], dict[str, Any]]
 _ERRORS: Responses = {
     status.HTTP_400_BAD_REQUEST: {"model": ErrorResponse, "description": "A bad parameter; `error.param` names it"},
     status.HTTP_404_NOT_FOUND: {"model": ErrorResponse, "description": "No job has this id"},
     status.HTTP_409_CONFLICT: {"model": ErrorResponse, "description": "The job is not in a state that allows this"},
 }
 _PAGE = Annotated[int, Query(ge=1, le=10_000)]
-
-
-def _job(studio: StudioDep, job_id: str) -> JobRecord:
-    """A training job by id (an export's id is no fine-tuning job: JobNotFound, 404)."""
-    return studio.service.store.get_job(job_id, kind="train")
 
 
 @router.post("/jobs", responses=_ERRORS)
@@ -64,44 +57,44 @@ async def list_jobs(studio: StudioDep, after: Optional[str] = None, limit: _PAGE
 
 
 @router.get("/jobs/{job_id}", responses=_ERRORS)
-async def retrieve_job(job_id: str, studio: StudioDep) -> FineTuningJob:
-    return job_object(_job(studio, job_id))
+async def retrieve_job(job: JobDep) -> FineTuningJob:
+    return job_object(job)
 
 
 @router.post("/jobs/{job_id}/cancel", responses=_ERRORS)
-async def cancel_job(job_id: str, studio: StudioDep) -> FineTuningJob:
+async def cancel_job(job: JobDep, studio: StudioDep) -> FineTuningJob:
     """Cancel: a queued job at once; a running one after its current step (it ends `cancelled`)."""
-    await studio.supervisor.stop_job(_job(studio, job_id).id)
-    return job_object(_job(studio, job_id))
+    await studio.supervisor.stop_job(job.id)
+    return job_object(studio.service.store.get_job(job.id))
 
 
 @router.post("/jobs/{job_id}/pause", responses=_ERRORS)
-async def pause_job(job_id: str, studio: StudioDep) -> FineTuningJob:
+async def pause_job(job: JobDep, studio: StudioDep) -> FineTuningJob:
     """Pause: the job finishes its step, saves a checkpoint and frees the machine (`paused`)."""
-    await studio.supervisor.pause_job(_job(studio, job_id).id)
-    return job_object(_job(studio, job_id))
+    await studio.supervisor.pause_job(job.id)
+    return job_object(studio.service.store.get_job(job.id))
 
 
 @router.post("/jobs/{job_id}/resume", responses=_ERRORS)
-async def resume_job(job_id: str, studio: StudioDep) -> FineTuningJob:
+async def resume_job(job: JobDep, studio: StudioDep) -> FineTuningJob:
     """Resume a paused job: the same job queues again and continues from its checkpoint."""
-    studio.supervisor.resume_job(_job(studio, job_id).id)
-    return job_object(_job(studio, job_id))
+    studio.supervisor.resume_job(job.id)
+    return job_object(studio.service.store.get_job(job.id))
 
 
 @router.get("/jobs/{job_id}/events", responses=_ERRORS)
-async def list_events(job_id: str, studio: StudioDep, after: Optional[str] = None, limit: _PAGE = 20) -> FineTuningJobEventList:
+async def list_events(job: JobDep, studio: StudioDep, after: Optional[str] = None, limit: _PAGE = 20) -> FineTuningJobEventList:
     """The job's events, newest first: messages from its status changes, `metrics` from its steps."""
-    events, more = job_events(studio.service.store, _job(studio, job_id), after, limit)
+    events, more = job_events(studio.service.store, job, after, limit)
     return FineTuningJobEventList(data=events, has_more=more)
 
 
 @router.get("/jobs/{job_id}/checkpoints", responses=_ERRORS)
 async def list_checkpoints(
-    job_id: str, studio: StudioDep, after: Optional[str] = None, limit: _PAGE = 10
+    job: JobDep, studio: StudioDep, after: Optional[str] = None, limit: _PAGE = 10
 ) -> FineTuningJobCheckpointList:
     """The checkpoint at each epoch's end (the final one included), newest first; each is a chat model."""
-    checkpoints, more = job_checkpoints(studio.service.store, _job(studio, job_id), after, limit)
+    checkpoints, more = job_checkpoints(studio.service.store, job, after, limit)
     return FineTuningJobCheckpointList(
         data=checkpoints,
         has_more=more,

@@ -4,15 +4,23 @@ and one job's request (GET), rename (PATCH) and delete (DELETE) under /train/job
 from __future__ import annotations
 
 import asyncio
-from typing import Annotated, Any, Optional, Union
+from typing import Any, Optional, Union
 
-from fastapi import APIRouter, Header, Query, Request, Response, status
+from fastapi import APIRouter, Request, Response, status
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from finetune_studio.api.admission import check_start
-from finetune_studio.api.deps import JobDep, Studio, StudioDep, studio_of
-from finetune_studio.api.job_stream import open_event_stream
+from finetune_studio.api.deps import JobDep, Responses, Studio, StudioDep, studio_of
+from finetune_studio.api.job_stream import (
+    FULL,
+    PAST_END,
+    LastEventIdHeader,
+    LastEventIdQuery,
+    open_event_stream,
+    status_answer,
+    stream_items,
+)
 from finetune_studio.errors import StudioError
 from finetune_studio.jobs.store import JobRecord
 from finetune_studio.schemas import (
@@ -27,8 +35,6 @@ from finetune_studio.schemas import (
 )
 
 router = APIRouter(prefix="/train", tags=["train"])
-# Documented answers of a route, as FastAPI's `responses` takes them.
-Responses = dict[Union[int, str], dict[str, Any]]
 
 _REFUSED: Responses = {
     status.HTTP_400_BAD_REQUEST: {"model": TrainingJobResponse, "description": "The server cannot take this request"},
@@ -37,8 +43,6 @@ _REFUSED: Responses = {
     status.HTTP_429_TOO_MANY_REQUESTS: {"model": TrainingJobResponse, "description": "The queue is full"},
 }
 _NOT_FOUND: Responses = {status.HTTP_404_NOT_FOUND: {"description": "No job has this id"}}
-# Event ids are SQLite integers: a larger cursor is refused (422) rather than overflowing.
-_MAX_EVENT_ID = 2**63 - 1
 
 
 @router.post("/start", responses=_REFUSED)
@@ -72,15 +76,7 @@ def queue_training(studio: Studio, request: TrainingStartRequest, extra: Optiona
 @router.get("/status/{job_id}", response_model=TrainingStatus, responses=_NOT_FOUND)
 async def training_status(job_id: str, request: Request) -> Response:
     """The job's current phase (for polling)."""
-    # The pollers' hot path: no dependency to solve, and the status JSON as stored
-    # (it was validated when written); only a queued job's answer is built, to add
-    # its place in the queue.
-    studio = studio_of(request)
-    phase, status_json = studio.service.store.status_json(job_id, kind="train")
-    if phase == "idle":
-        job = studio.service.store.get_job(job_id)
-        status_json = studio.service.status_of(job, studio.supervisor.queue_positions().get(job_id)).model_dump_json()
-    return Response(status_json, media_type="application/json")
+    return status_answer(studio_of(request), job_id, "train")
 
 
 @router.get(
@@ -95,48 +91,21 @@ async def training_progress(job: JobDep) -> Union[TrainingProgress, Response]:
     return TrainingProgress.model_validate(job.progress)
 
 
-# The stream's items, for the OpenAPI document (the route returns its own
-# EventSourceResponse of pre-encoded bytes, so FastAPI cannot derive them).
-_STREAM: Responses = {
-    status.HTTP_200_OK: {
-        "description": "Server-Sent Events: `status` (a TrainingStatus) and `progress` (a TrainingProgress)",
-        "content": {
-            "text/event-stream": {
-                "itemSchema": {
-                    "type": "object",
-                    "required": ["event", "data", "id"],
-                    "properties": {
-                        "event": {"type": "string", "enum": ["status", "progress"]},
-                        "data": {"type": "string", "contentMediaType": "application/json"},
-                        "id": {"type": "string", "description": "the event id, for Last-Event-ID"},
-                    },
-                }
-            }
-        },
-    }
-}
-
-
-_PAST_END: Responses = {
-    status.HTTP_416_RANGE_NOT_SATISFIABLE: {
-        "description": "Last-Event-ID is past the job's last event; the message names the last event id"
-    }
-}
-_FULL: Responses = {
-    status.HTTP_503_SERVICE_UNAVAILABLE: {
-        "description": "The job has as many open streams as the server allows (max_streams_per_job); see Retry-After"
-    }
-}
-
-
 @router.get(
-    "/stream/{job_id}", response_class=StreamingResponse, responses={**_STREAM, **_NOT_FOUND, **_PAST_END, **_FULL}
+    "/stream/{job_id}",
+    response_class=StreamingResponse,
+    responses={
+        **stream_items("Server-Sent Events: `status` (a TrainingStatus) and `progress` (a TrainingProgress)"),
+        **_NOT_FOUND,
+        **PAST_END,
+        **FULL,
+    },
 )
 async def training_stream(
     job: JobDep,
     studio: StudioDep,
-    last_event_id_header: Annotated[Optional[int], Header(alias="Last-Event-ID", ge=0, le=_MAX_EVENT_ID)] = None,
-    last_event_id: Annotated[Optional[int], Query(ge=0, le=_MAX_EVENT_ID, description="Resume after this event id")] = None,
+    last_event_id_header: LastEventIdHeader = None,
+    last_event_id: LastEventIdQuery = None,
 ) -> Response:
     """Every status and progress event of the job as Server-Sent Events
     (`event: status|progress`, `data: <JSON>`, `id: <event id>`).
