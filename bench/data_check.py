@@ -20,38 +20,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-MEASURE = """
-import json, sys, time
-from pathlib import Path
-from finetune_studio.training.datasets.files import read_records
-from finetune_studio.training.datasets.load import load_local
-
-path, how = Path(sys.argv[1]), sys.argv[2]
-def peak() -> int:
-    # VmHWM, reset first: ru_maxrss would carry the parent's peak across fork and exec.
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmHWM in /proc/self/status")
-
-Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current resident size
-before = peak()
-started = time.perf_counter()
-if how == "read":
-    rows = sum(1 for _ in read_records(path))
-elif how == "whole":  # the reader before streaming: the whole text, then json.loads of it or of its lines
-    from finetune_studio.training.datasets import files
-    text = files._read_text(path)
-    if path.suffix == ".json":
-        rows = sum(1 for _ in files._json_records(path, text))
-    else:
-        rows = sum(1 for line in text.splitlines() if json.loads(line))
-else:
-    rows = len(load_local([str(path)], "auto").rows)
-seconds = time.perf_counter() - started
-grown = peak() - before
-print(json.dumps({"rows": rows, "seconds": seconds, "grown": grown}))
-"""
+# Each check runs in a fresh process, measured by peak_memory.py (as the tests measure).
+PEAK_MEMORY = Path(__file__).resolve().parent / "peak_memory.py"
 
 
 def write_files(folder: Path, megabytes: int) -> list[Path]:
@@ -83,7 +53,7 @@ def main() -> None:
             )
             for how, label in checks:
                 done = subprocess.run(
-                    [sys.executable, "-c", MEASURE, str(path), how], capture_output=True, text=True, check=True
+                    [sys.executable, str(PEAK_MEMORY), str(path), how], capture_output=True, text=True, check=True
                 )
                 result = json.loads(done.stdout)
                 print(

@@ -2,10 +2,12 @@
 
 Servers run as real `finetune-studio serve` processes, so every test exercises the
 same code path a user does: the API process, its supervisor, real training children.
+Tests of the server alone script a worker in-process instead (`ScriptedWorker`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 import time
@@ -14,10 +16,12 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Optional
 
+import psutil
 import pytest
 
 from finetune_studio.cli.client import StreamEvent, StudioClient
 from finetune_studio.cli.local_server import LocalServer
+from finetune_studio.supervisor.launcher import WorkerExit
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO_DATA = Path(str(resources.files("finetune_studio.demo") / "tiny_alpaca.jsonl"))
@@ -31,6 +35,37 @@ class ServerProcess(LocalServer):
 
     def client(self, token: Optional[str] = None) -> StudioClient:
         return StudioClient(self.url, token=token)
+
+    def inference_child(self) -> Optional[int]:
+        """The pid of the server's chat child, None while it has none."""
+        assert self.pid is not None
+        for child in psutil.Process(self.pid).children():
+            if "finetune_studio.inference.child" in child.cmdline():
+                return int(child.pid)
+        return None
+
+
+class ScriptedWorker:
+    """A worker that is no process, for a launcher that plays a script: a subclass's
+    `messages()` yields the wire's messages and may wait on `stop`, which a stop
+    request, SIGTERM or SIGKILL all set; it always exits 0."""
+
+    pid: Optional[int] = None
+
+    def __init__(self) -> None:
+        self.stop = asyncio.Event()
+
+    async def request_stop(self) -> None:
+        self.stop.set()
+
+    def terminate(self) -> None:
+        self.stop.set()
+
+    def kill(self) -> None:
+        self.stop.set()
+
+    async def wait(self) -> WorkerExit:
+        return WorkerExit(0)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

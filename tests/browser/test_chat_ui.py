@@ -20,7 +20,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Optional
 
-import psutil
 import pytest
 
 from tests.conftest import ServerProcess, collect, job_request
@@ -105,14 +104,6 @@ def wait_idle(page: Any, turns: int, timeout_s: float = 120) -> dict[str, Any]:
 
 def no_horizontal_overflow(page: Any) -> bool:
     return page.evaluate("document.documentElement.scrollWidth <= document.documentElement.clientWidth")  # type: ignore[no-any-return]
-
-
-def inference_child(server: ServerProcess) -> Optional[int]:
-    assert server.pid is not None
-    for child in psutil.Process(server.pid).children():
-        if "finetune_studio.inference.child" in child.cmdline():
-            return int(child.pid)
-    return None
 
 
 def test_chat_from_the_runs_page_streams_answers_and_keeps_them_over_a_reload(
@@ -285,7 +276,7 @@ def test_a_crashed_chat_process_shows_its_reason_and_retry_answers(
     settings(page, temperature="0", max_tokens=str(LONG))
     send(page, "Keep talking.")
     wait_js(page, f"{CHAT}.turns.length === 1 && {CHAT}.turns[0].answers.tuned.content.length >= 10")
-    pid = inference_child(shared_server)
+    pid = shared_server.inference_child()
     assert pid is not None
     os.kill(pid, signal.SIGKILL)
 
@@ -302,4 +293,4 @@ def test_a_crashed_chat_process_shows_its_reason_and_retry_answers(
     retried = state["turns"][0]["answers"]["tuned"]
     assert retried["state"] == "done" and retried["error"] is None
     assert retried["usage"]["completion_tokens"] <= 6
-    assert inference_child(shared_server) not in (None, pid)
+    assert shared_server.inference_child() not in (None, pid)

@@ -25,9 +25,8 @@ import httpx
 import pytest
 
 from finetune_studio.config import Settings
-from finetune_studio.supervisor.launcher import WorkerExit
 from finetune_studio.wire import WorkerSpec
-from tests.conftest import DEMO_DATA, REPO, job_request, wait_for
+from tests.conftest import DEMO_DATA, REPO, ScriptedWorker, job_request, wait_for
 from tests.reliability.conftest import LiveServer
 
 pytestmark = pytest.mark.browser
@@ -42,16 +41,14 @@ OVERFLOW = "document.scrollingElement.scrollWidth - window.innerWidth"
 LONG = "a-rather-long-model-folder-name-as-people-make-them-" + "x" * 60
 
 
-class ScriptedHandle:
+class ScriptedHandle(ScriptedWorker):
     """A worker that is no process: it plays the script its request's project_name names."""
 
-    pid: Optional[int] = None
-
     def __init__(self, spec: WorkerSpec, held: threading.Event) -> None:
+        super().__init__()
         self.spec = spec
         self.log_path = spec.output_dir / "worker.log"
         self.held = held
-        self.stop = asyncio.Event()
 
     async def messages(self) -> AsyncIterator[dict[str, Any]]:
         request = self.spec.request
@@ -95,18 +92,6 @@ class ScriptedHandle:
             yield status("stopped", message, **saved)
         else:
             yield status("completed", f"Trained {steps} steps; the adapter is saved in {adapter}", train_loss=0.5, **saved)
-
-    async def request_stop(self) -> None:
-        self.stop.set()
-
-    def terminate(self) -> None:
-        self.stop.set()
-
-    def kill(self) -> None:
-        self.stop.set()
-
-    async def wait(self) -> WorkerExit:
-        return WorkerExit(0)
 
 
 def status(phase: str, message: str, error: Optional[str] = None, **details: Any) -> dict[str, Any]:

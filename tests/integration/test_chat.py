@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any, Optional
 
 import openai
-import psutil
 import pytest
 
 from tests.conftest import ServerProcess, collect, job_request, wait_for
@@ -174,14 +173,6 @@ def test_bad_requests_are_answered_as_the_sdk_expects(trained: Trained) -> None:
             stranger.models.list()
 
 
-def inference_child(server: ServerProcess) -> Optional[int]:
-    assert server.pid is not None
-    for child in psutil.Process(server.pid).children():
-        if "finetune_studio.inference.child" in child.cmdline():
-            return int(child.pid)
-    return None
-
-
 def test_a_killed_child_ends_its_answer_with_the_reason_and_the_next_request_starts_a_new_one(trained: Trained) -> None:
     # The random base, greedy, says "\n" over and over (never its end-of-turn token): an answer
     # that is still being generated when the child is killed.
@@ -189,7 +180,7 @@ def test_a_killed_child_ends_its_answer_with_the_reason_and_the_next_request_sta
         model=str(trained.model), messages=TRAINED, temperature=0, max_tokens=2000, stream=True)
     chunks = iter(stream)
     next(chunks)  # the answer has started: the child holds the request
-    pid = inference_child(trained.server)
+    pid = trained.server.inference_child()
     assert pid is not None
     os.kill(pid, signal.SIGKILL)
     with pytest.raises(openai.APIError, match="killed by SIGKILL"):
@@ -197,4 +188,4 @@ def test_a_killed_child_ends_its_answer_with_the_reason_and_the_next_request_sta
             pass
     answer = ask(trained, trained.job_id)
     assert answer.choices[0].message.content.startswith("Purple elephants")
-    assert inference_child(trained.server) not in (None, pid)
+    assert trained.server.inference_child() not in (None, pid)

@@ -16,9 +16,9 @@ from finetune_studio.api.app import create_app
 from finetune_studio.cli.client import StudioClient
 from finetune_studio.cli.local_server import free_port
 from finetune_studio.config import Settings
-from finetune_studio.supervisor.launcher import LocalProcessLauncher, WorkerExit, WorkerLauncher
+from finetune_studio.supervisor.launcher import LocalProcessLauncher, WorkerLauncher
 from finetune_studio.wire import WorkerSpec
-from tests.conftest import REPO, wait_for
+from tests.conftest import REPO, ScriptedWorker, wait_for
 
 FAKE_WORKER = "tests.reliability.fake_worker"
 FAKE_EXPORT_WORKER = "tests.reliability.fake_export_worker"
@@ -89,12 +89,11 @@ def live_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any
         server.__exit__()
 
 
-class InstantHandle:
+class InstantHandle(ScriptedWorker):
     """A worker that is no process: it reports every phase, one step, and completes."""
 
-    pid: Optional[int] = None
-
     def __init__(self, spec: WorkerSpec) -> None:
+        super().__init__()
         self.log_path = spec.output_dir / "worker.log"
 
     async def messages(self) -> AsyncIterator[dict[str, Any]]:
@@ -103,18 +102,6 @@ class InstantHandle:
         yield {"type": "progress", "progress": {"step": 1, "total_steps": 1, "loss": 1.0, "learning_rate": 0.1,
                                                 "progress_percent": 100.0}}
         yield {"type": "status", "phase": "completed", "message": "done", "details": {"adapter_dir": "none"}}
-
-    async def request_stop(self) -> None:
-        pass
-
-    def terminate(self) -> None:
-        pass
-
-    def kill(self) -> None:
-        pass
-
-    async def wait(self) -> WorkerExit:
-        return WorkerExit(0)
 
 
 class InstantLauncher:

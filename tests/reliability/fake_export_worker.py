@@ -20,18 +20,13 @@ environment shapes it:
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
-
-def send(message: dict[str, Any]) -> None:
-    sys.stdout.write(json.dumps(message) + "\n")
-    sys.stdout.flush()
+from tests.reliability.fake_wire import begin, send
 
 
 def status(phase: str, message: str = "", error: str | None = None, **details: Any) -> None:
@@ -60,18 +55,9 @@ def plan(request: dict[str, Any]) -> tuple[list[tuple[str, str, str | None]], se
 
 
 def main() -> int:
-    spec = json.loads(sys.stdin.readline())
+    spec, stop = begin()
     request = spec["request"]
     folder = Path(spec["output_dir"])
-    stop = threading.Event()
-
-    def listen() -> None:
-        for line in sys.stdin:
-            if line.strip() == "stop":
-                stop.set()
-        stop.set()  # the server went away
-
-    threading.Thread(target=listen, daemon=True).start()
     pause = float(os.environ.get("FAKE_EXPORT_STEP_S", "0"))
     chunks = int(os.environ.get("FAKE_EXPORT_CHUNKS", "4"))
     chunk = int(os.environ.get("FAKE_EXPORT_CHUNK", "4096"))

@@ -13,18 +13,13 @@ completes; it stops after the current step when asked. The environment shapes it
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import sys
-import threading
 import time
 from pathlib import Path
 
-
-def send(message: dict) -> None:
-    sys.stdout.write(json.dumps(message) + "\n")
-    sys.stdout.flush()
+from tests.reliability.fake_wire import begin, send
 
 
 def status(phase: str, **details: object) -> None:
@@ -39,17 +34,8 @@ def note(job_id: str, what: str) -> None:
 
 
 def main() -> int:
-    spec = json.loads(sys.stdin.readline())
+    spec, stop = begin()
     job_id = spec["job_id"]
-    stop = threading.Event()
-
-    def listen() -> None:
-        for line in sys.stdin:
-            if line.strip() == "stop":
-                stop.set()
-        stop.set()  # the server went away
-
-    threading.Thread(target=listen, daemon=True).start()
     note(job_id, "start")
     steps = int(spec["request"].get("max_steps") or 3)
     pause = float(os.environ.get("FAKE_WORKER_STEP_S", "0"))

@@ -4,7 +4,7 @@ official `openai` SDK where it can be, against the app under a real uvicorn."""
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -23,27 +23,24 @@ from finetune_studio.api.app import create_app
 from finetune_studio.api.deps import Studio
 from finetune_studio.cli.local_server import free_port
 from finetune_studio.config import Settings
-from finetune_studio.supervisor.launcher import WorkerExit
 from finetune_studio.wire import JobFolder, WorkerSpec
-from tests.conftest import REPO, wait_for
+from tests.conftest import REPO, ScriptedWorker, wait_for
 
 TOKEN = "chat-test-token-0123456789"
 FAKE_CHILD = "tests.unit.fake_inference_child"
 BASE = "some-org/base-model"
 
 
-class ScriptedJob:
+class ScriptedJob(ScriptedWorker):
     """A training job that is no process. Its request's `project_name` says what it does:
     `lora` and `full` save an adapter (a model) and complete; `fail` fails before saving;
     `hold` trains until stopped, then stops without saving; `hold-save` saves when stopped."""
 
-    pid: Optional[int] = None
-
     def __init__(self, spec: WorkerSpec) -> None:
+        super().__init__()
         self.folder = JobFolder(spec.output_dir)
         self.log_path = self.folder.log
         self.mode = spec.request.get("project_name") or "lora"
-        self.stop = asyncio.Event()
 
     def _save(self, method: str) -> dict[str, Any]:
         self.folder.root.mkdir(parents=True, exist_ok=True)
@@ -65,18 +62,6 @@ class ScriptedJob:
             await self.stop.wait()
             details = self._save("lora") if self.mode == "hold-save" else {}
             yield {"type": "status", "phase": "stopped", "message": "stopped", "details": details}
-
-    async def request_stop(self) -> None:
-        self.stop.set()
-
-    def terminate(self) -> None:
-        self.stop.set()
-
-    def kill(self) -> None:
-        self.stop.set()
-
-    async def wait(self) -> WorkerExit:
-        return WorkerExit(0)
 
 
 class ScriptedLauncher:
@@ -139,22 +124,35 @@ class ChatServer:
         return job_id
 
 
+@contextlib.contextmanager
+def chat_server(tmp_path_factory: pytest.TempPathFactory, name: str) -> Iterator[ChatServer]:
+    """A ChatServer on a new data dir, for a module's `server` fixture."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(REPO)  # the stand-in child is imported from the repository
+        with ChatServer(tmp_path_factory.mktemp(name) / "data") as running:
+            yield running
+
+
+def wait_for_an_idle_child(request: pytest.FixtureRequest) -> None:
+    """After a test that used the module's `server`: every request it made of the child
+    has ended (answered, cancelled or failed), so none is left behind for the next."""
+    if "server" in request.fixturenames:
+        running: ChatServer = request.getfixturevalue("server")
+        wait_for(lambda: running.studio.inference.active == 0, timeout=30, what="the child's requests to end")
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ChatServer]:
     """One server for the module: its child starts once (and again where a test kills it)."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.chdir(REPO)  # the stand-in child is imported from the repository
-        with ChatServer(tmp_path_factory.mktemp("chat") / "data") as chat_server:
-            yield chat_server
+    with chat_server(tmp_path_factory, "chat") as running:
+        yield running
 
 
 @pytest.fixture(autouse=True)
 def nothing_left_in_the_child(request: pytest.FixtureRequest) -> Iterator[None]:
     """Every test leaves no request behind in the child (each is answered, cancelled or failed)."""
     yield
-    if "server" in request.fixturenames:
-        chat_server: ChatServer = request.getfixturevalue("server")
-        wait_for(lambda: chat_server.studio.inference.active == 0, timeout=30, what="the child's requests to end")
+    wait_for_an_idle_child(request)
 
 
 @pytest.fixture(scope="module")

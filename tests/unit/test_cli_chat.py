@@ -21,16 +21,21 @@ from finetune_studio.cli.chat import Conversation, Terminal, converse, run_chat
 from finetune_studio.cli.client import StudioClient
 from finetune_studio.cli.local_server import free_port
 from finetune_studio.cli.main import main
-from tests.conftest import REPO, wait_for
-from tests.unit.test_chat_api import BASE, TOKEN, ChatServer, kill_the_child_once_it_holds
+from tests.conftest import wait_for
+from tests.unit.test_chat_api import (
+    BASE,
+    TOKEN,
+    ChatServer,
+    chat_server,
+    kill_the_child_once_it_holds,
+    wait_for_an_idle_child,
+)
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ChatServer]:
-    with pytest.MonkeyPatch.context() as patch:
-        patch.chdir(REPO)  # the stand-in child is imported from the repository
-        with ChatServer(tmp_path_factory.mktemp("cli-chat") / "data") as chat_server:
-            yield chat_server
+    with chat_server(tmp_path_factory, "cli-chat") as running:
+        yield running
 
 
 @pytest.fixture(scope="module")
@@ -42,9 +47,7 @@ def jobs(server: ChatServer) -> dict[str, str]:
 def nothing_left_in_the_child(request: pytest.FixtureRequest) -> Iterator[None]:
     """Every answer the command asked for ended (answered, failed or cancelled)."""
     yield
-    if "server" in request.fixturenames:
-        chat_server: ChatServer = request.getfixturevalue("server")
-        wait_for(lambda: chat_server.studio.inference.active == 0, timeout=30, what="the child's requests to end")
+    wait_for_an_idle_child(request)
 
 
 def chat(server_url: str, *argv: str, stdin: str, token: str = TOKEN, monkeypatch: pytest.MonkeyPatch,

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -204,30 +203,8 @@ def test_a_jsonl_file_reads_line_by_line_as_before(tmp_path: Path) -> None:
 
 # -- memory ---------------------------------------------------------------------
 
-MEASURE = textwrap.dedent(
-    """
-    import json, sys
-    from pathlib import Path
-    from finetune_studio.training.datasets.files import read_records
-    from finetune_studio.training.datasets.load import load_local
-
-    def peak():
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-        raise RuntimeError("no VmHWM in /proc/self/status")
-
-    path, how = Path(sys.argv[1]), sys.argv[2]
-    # VmHWM, reset to the current size first: ru_maxrss carries the parent's peak across fork and exec.
-    Path("/proc/self/clear_refs").write_text("5")
-    before = peak()
-    if how == "read":
-        rows = sum(1 for _ in read_records(path))
-    else:
-        rows = len(load_local([str(path)], "auto").rows)
-    print(json.dumps({"rows": rows, "grown": peak() - before}))
-    """
-)
+# Run in a fresh process: the growth of its peak memory (VmHWM), as bench/data_check.py measures it.
+PEAK_MEMORY = Path(__file__).resolve().parents[2] / "bench" / "peak_memory.py"
 
 
 def write_sharegpt(path: Path, megabytes: int) -> int:
@@ -260,7 +237,7 @@ def test_checking_a_large_file_grows_memory_by_a_bounded_multiple_of_its_size(tm
     size = path.stat().st_size
     for how, bound in (("read", READ_BOUND), ("load", LOAD_BOUND)):
         done = subprocess.run(
-            [sys.executable, "-c", MEASURE, str(path), how], capture_output=True, text=True, check=True, timeout=600
+            [sys.executable, str(PEAK_MEMORY), str(path), how], capture_output=True, text=True, check=True, timeout=600
         )
         result = json.loads(done.stdout)
         assert result["rows"] == count

@@ -10,8 +10,9 @@ from finetune_studio.api.admission import named_paths
 from finetune_studio.paths import is_local
 from finetune_studio.schemas import TrainingStartRequest
 from finetune_studio.training.channel import JobFailure
+from finetune_studio.training.datasets.errors import HUB_UNREACHABLE
 from finetune_studio.training.datasets.hub import open_hf_dataset
-from finetune_studio.training.models import resolve_source
+from finetune_studio.training.models import ModelSource, from_local_cache, resolve_source
 
 LOCAL_BY_FORM = ["/abs/model", "./model", "../model", "~/model", ".", "..", "a/b/c", "model.gguf", "Model.GGUF", "x\x00y"]
 HUB_IDS = ["gpt2", "HuggingFaceTB/SmolLM2-135M-Instruct"]
@@ -55,3 +56,21 @@ def test_a_hub_id_is_not_a_path_on_either_side(name: str, tmp_path: Path, monkey
     fields = {field for field, _ in named_paths(request(model_name=name, hf_dataset=name))}
     assert not fields & {"model_name", "hf_dataset"}
     assert resolve_source(name).kind == "hub"
+
+
+def test_a_hub_model_comes_from_the_cache_first_and_fails_fast_without_the_hub(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # the hub does not answer
+    asked: list[dict[str, object]] = []
+
+    def not_cached(kwargs: dict[str, object]) -> None:
+        asked.append(kwargs)
+        raise OSError("not in the local cache")
+
+    hub = ModelSource("hub", "someone/model")
+    assert from_local_cache(hub, lambda kwargs: kwargs, {"token": "t"}) == {"token": "t", "local_files_only": True}
+    with pytest.raises(JobFailure) as failure:
+        from_local_cache(hub, not_cached, {"token": "t"})
+    assert asked == [{"token": "t", "local_files_only": True}]
+    assert failure.value.error_code == "model_not_found"
+    assert failure.value.message == f"{HUB_UNREACHABLE} (asked for 'someone/model')"
+    assert from_local_cache(ModelSource("folder", "/models/m"), not_cached, {}) is None and len(asked) == 1

@@ -29,19 +29,25 @@ STREAM_RETRY_SECONDS = 5
 LastEventIdHeader = Annotated[Optional[int], Header(alias="Last-Event-ID", ge=0, le=MAX_EVENT_ID)]
 LastEventIdQuery = Annotated[Optional[int], Query(ge=0, le=MAX_EVENT_ID, description="Resume after this event id")]
 
-PAST_END: Responses = {
+_PAST_END: Responses = {
     status.HTTP_416_RANGE_NOT_SATISFIABLE: {
         "description": "Last-Event-ID is past the job's last event; the message names the last event id"
     }
 }
-FULL: Responses = {
+_FULL: Responses = {
     status.HTTP_503_SERVICE_UNAVAILABLE: {
         "description": "The job has as many open streams as the server allows (max_streams_per_job); see Retry-After"
     }
 }
 
 
-def stream_items(description: str) -> Responses:
+def stream_responses(description: str, not_found: Responses) -> Responses:
+    """A stream route's documented answers: its items (`description` says what each
+    event's data is), then `not_found`, a cursor past the end (416) and a full job (503)."""
+    return {**_stream_items(description), **not_found, **_PAST_END, **_FULL}
+
+
+def _stream_items(description: str) -> Responses:
     """The stream's items, for the OpenAPI document (the route returns its own
     EventSourceResponse of pre-encoded bytes, so FastAPI cannot derive them)."""
     return {

@@ -25,9 +25,9 @@ from typing import Any
 
 from finetune_studio.schemas import DatasetInspection, DatasetInspectRequest
 from finetune_studio.training.channel import JobFailure
-from finetune_studio.training.datasets.errors import HUB_UNREACHABLE, first_line
+from finetune_studio.training.datasets.errors import first_line
 from finetune_studio.training.datasets.inspect import inspect_dataset
-from finetune_studio.training.models import hub_reachable, resolve_source
+from finetune_studio.training.models import from_local_cache, pretrained_args, resolve_source
 
 
 def load_tokenizer(name: str, *, trust_remote_code: bool = False, token: str | None = None) -> Any:
@@ -35,16 +35,10 @@ def load_tokenizer(name: str, *, trust_remote_code: bool = False, token: str | N
     from transformers import AutoTokenizer
 
     source = resolve_source(name)
-    location, extra = source.from_pretrained_args()
-    kwargs: dict[str, Any] = {"trust_remote_code": trust_remote_code, **extra}
-    if token:
-        kwargs["token"] = token
-    if source.kind == "hub":
-        try:  # a model already in the local cache needs no network
-            return AutoTokenizer.from_pretrained(location, local_files_only=True, **kwargs)
-        except OSError:
-            if not hub_reachable():
-                raise JobFailure("model_not_found", f"{HUB_UNREACHABLE} (asked for {name!r})") from None
+    location, kwargs = pretrained_args(source, trust_remote_code=trust_remote_code, token=token)
+    cached = from_local_cache(source, lambda given: AutoTokenizer.from_pretrained(location, **given), kwargs)
+    if cached is not None:
+        return cached
     try:
         return AutoTokenizer.from_pretrained(location, **kwargs)
     except (ImportError, OSError, ValueError, KeyError) as exc:  # ImportError: the gguf package, for a .gguf file

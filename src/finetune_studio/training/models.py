@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, TypeVar
 from urllib.parse import urlsplit
 
 from finetune_studio.paths import is_local, local_path
 from finetune_studio.training.channel import JobFailure
 from finetune_studio.training.datasets.errors import HUB_UNREACHABLE
+
+_Loaded = TypeVar("_Loaded")
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,33 @@ def hub_reachable(timeout: float = 3.0) -> bool:
         return False
 
 
+def pretrained_args(
+    source: ModelSource, *, trust_remote_code: bool = False, token: Optional[str] = None
+) -> tuple[str, dict[str, Any]]:
+    """What transformers' `from_pretrained` takes for `source`: its location and keyword arguments."""
+    location, extra = source.from_pretrained_args()
+    kwargs: dict[str, Any] = {"trust_remote_code": trust_remote_code, **extra}
+    if token:
+        kwargs["token"] = token
+    return location, kwargs
+
+
+def from_local_cache(
+    source: ModelSource, load: Callable[[dict[str, Any]], _Loaded], kwargs: dict[str, Any]
+) -> Optional[_Loaded]:
+    """A hub model from the local cache, which needs no network: `load(kwargs)` told so.
+    None when `source` is no hub id, or the cache lacks it and the hub answers (the
+    caller loads it from there); JobFailure (model_not_found) when the hub does not."""
+    if source.kind != "hub":
+        return None
+    try:
+        return load({**kwargs, "local_files_only": True})
+    except OSError:
+        if not hub_reachable():
+            raise JobFailure("model_not_found", f"{HUB_UNREACHABLE} (asked for {source.location!r})") from None
+    return None
+
+
 def load_tokenizer_and_model(
     source: ModelSource,
     *,
@@ -77,16 +107,12 @@ def load_tokenizer_and_model(
     """Load (tokenizer, model) for training. A GGUF model is dequantized and made trainable."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    location, extra = source.from_pretrained_args()
-    kwargs: dict[str, Any] = {"trust_remote_code": trust_remote_code, **extra}
-    if token:
-        kwargs["token"] = token
-    if source.kind == "hub":
-        try:  # a model already in the local cache needs no network
-            return _load(AutoTokenizer, AutoModelForCausalLM, location, dtype, quantization_config, {**kwargs, "local_files_only": True})
-        except OSError:
-            if not hub_reachable():
-                raise JobFailure("model_not_found", f"{HUB_UNREACHABLE} (asked for {source.location!r})") from None
+    location, kwargs = pretrained_args(source, trust_remote_code=trust_remote_code, token=token)
+    cached = from_local_cache(
+        source, lambda given: _load(AutoTokenizer, AutoModelForCausalLM, location, dtype, quantization_config, given), kwargs
+    )
+    if cached is not None:
+        return cached
     try:
         return _load(AutoTokenizer, AutoModelForCausalLM, location, dtype, quantization_config, kwargs)
     except ImportError as exc:  # e.g. the gguf package, for a .gguf file

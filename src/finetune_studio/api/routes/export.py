@@ -18,13 +18,11 @@ from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
 
 from finetune_studio.api.deps import ExportDep, Responses, StudioDep, studio_of
 from finetune_studio.api.job_stream import (
-    FULL,
-    PAST_END,
     LastEventIdHeader,
     LastEventIdQuery,
     open_event_stream,
     status_answer,
-    stream_items,
+    stream_responses,
 )
 from finetune_studio.errors import JobNotFound
 from finetune_studio.export.tools import tools_problem
@@ -148,12 +146,9 @@ async def export_status(export_id: str, request: Request) -> Response:
 @router.get(
     "/stream/{export_id}",
     response_class=StreamingResponse,
-    responses={
-        **stream_items("Server-Sent Events: `status` (an ExportStatus) and `progress` (an ExportProgress)"),
-        **_NOT_FOUND,
-        **PAST_END,
-        **FULL,
-    },
+    responses=stream_responses(
+        "Server-Sent Events: `status` (an ExportStatus) and `progress` (an ExportProgress)", _NOT_FOUND
+    ),
 )
 async def export_stream(
     export: ExportDep,

@@ -13,13 +13,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from finetune_studio.api.admission import check_start
 from finetune_studio.api.deps import JobDep, Responses, Studio, StudioDep, studio_of
 from finetune_studio.api.job_stream import (
-    FULL,
-    PAST_END,
     LastEventIdHeader,
     LastEventIdQuery,
     open_event_stream,
     status_answer,
-    stream_items,
+    stream_responses,
 )
 from finetune_studio.errors import StudioError
 from finetune_studio.jobs.store import JobRecord
@@ -94,12 +92,9 @@ async def training_progress(job: JobDep) -> Union[TrainingProgress, Response]:
 @router.get(
     "/stream/{job_id}",
     response_class=StreamingResponse,
-    responses={
-        **stream_items("Server-Sent Events: `status` (a TrainingStatus) and `progress` (a TrainingProgress)"),
-        **_NOT_FOUND,
-        **PAST_END,
-        **FULL,
-    },
+    responses=stream_responses(
+        "Server-Sent Events: `status` (a TrainingStatus) and `progress` (a TrainingProgress)", _NOT_FOUND
+    ),
 )
 async def training_stream(
     job: JobDep,
