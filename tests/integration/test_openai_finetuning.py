@@ -67,7 +67,9 @@ def studio(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> Iterat
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(REPO)  # the hooked child is imported from the repository
         with LiveServer(settings, launcher) as server:
-            yield Studio(server, launcher, tiny_model)
+            studio = Studio(server, launcher, tiny_model)
+            with studio.sdk:  # its connections closed before the server stops
+                yield studio
 
 
 def test_upload_train_events_checkpoints_and_chat(studio: Studio) -> None:
@@ -176,6 +178,40 @@ def test_pause_then_resume_to_succeeded(studio: Studio) -> None:
     assert [c.step_number for c in sdk.fine_tuning.jobs.checkpoints.list(job.id)] == [8, 4]
 
 
+def preference_rows(prompts: list[str]) -> str:
+    """OpenAI's preference format: the phrase preferred over a refusal."""
+    return "".join(
+        json.dumps({"input": {"messages": [{"role": "user", "content": prompt}]},
+                    "preferred_output": [{"role": "assistant", "content": PHRASE}],
+                    "non_preferred_output": [{"role": "assistant", "content": "I cannot say."}]}) + "\n"
+        for prompt in prompts
+    )
+
+
+def test_dpo_from_a_preference_file(studio: Studio) -> None:
+    """method.type dpo trains with the studio's DPO (training_method "dpo"); its metrics events
+    carry DPO's figures beside the loss, and a chat file for a dpo job is refused."""
+    sdk = studio.sdk
+    pairs = studio.upload("pairs.jsonl", preference_rows(PROMPTS[:4]))
+    with pytest.raises(openai.BadRequestError, match="preference") as refused:
+        sdk.fine_tuning.jobs.create(model=str(studio.model), training_file=studio.upload("chat.jsonl", chat_rows(PROMPTS[:2])),
+                                    method={"type": "dpo"})
+    assert refused.value.param == "training_file"
+    created = sdk.fine_tuning.jobs.create(
+        model=str(studio.model), training_file=pairs,
+        method={"type": "dpo", "dpo": {"hyperparameters": {"n_epochs": 1, "batch_size": 2, "beta": 0.2}}},
+    )
+    assert created.method is not None and created.method.type == "dpo"
+    job = studio.wait(created.id, "succeeded", "failed", "cancelled")
+    assert job.status == "succeeded", job.error
+    with studio.server.client(TOKEN) as client:
+        status = client.status(job.id)
+    assert status["phase"] == "completed" and status["details"]["reference_model"], status["details"]
+    metrics = [e.data for e in sdk.fine_tuning.jobs.list_events(job.id) if e.type == "metrics"]
+    assert sorted(m["step"] for m in metrics) == [1, 2]  # 4 pairs, 2 a step, 1 epoch
+    assert all("rewards/margins" in m and "rewards/accuracies" in m for m in metrics), metrics
+
+
 def test_list_pages_through_every_job_one_at_a_time(studio: Studio) -> None:
     listed = [job.id for job in studio.sdk.fine_tuning.jobs.list(limit=1)]
     assert len(listed) == len(set(listed)) >= 3
@@ -192,8 +228,8 @@ def test_a_bad_file_is_refused_naming_its_line(studio: Studio) -> None:
 
 
 def test_a_wrong_key_is_refused(studio: Studio) -> None:
-    wrong = openai.OpenAI(base_url=f"{studio.server.url}/v1", api_key="not-the-token-0123456789", max_retries=0)
-    with pytest.raises(openai.AuthenticationError):
-        wrong.fine_tuning.jobs.list()
-    with pytest.raises(openai.AuthenticationError):
-        wrong.files.create(file=("a.jsonl", chat_rows(PROMPTS[:1]).encode()), purpose="fine-tune")
+    with openai.OpenAI(base_url=f"{studio.server.url}/v1", api_key="not-the-token-0123456789", max_retries=0) as wrong:
+        with pytest.raises(openai.AuthenticationError):
+            wrong.fine_tuning.jobs.list()
+        with pytest.raises(openai.AuthenticationError):
+            wrong.files.create(file=("a.jsonl", chat_rows(PROMPTS[:1]).encode()), purpose="fine-tune")

@@ -66,11 +66,6 @@ def training_request(body: FineTuningJobRequest, files: FileStore) -> tuple[Trai
             "method.type reinforcement is not offered by this server: use supervised (chat files) or dpo (preference files)",
             param="method.type",
         )
-    if method == "dpo" and "training_method" not in TrainingStartRequest.model_fields:
-        raise InvalidChatRequest(
-            "method.type dpo: this server's trainer has no DPO yet; use method.type supervised with a chat file",
-            param="method.type",
-        )
     given = _hyperparameters(body, method)
     wanted = "preference" if method == "dpo" else "chat"
     train = _fine_tune_file(files, body.training_file, "training_file", wanted, method)
@@ -350,12 +345,14 @@ def _metrics_event(ident: str, job: JobRecord, progress: dict[str, Any]) -> Fine
 
 
 def step_metrics(progress: dict[str, Any]) -> dict[str, Any]:
-    """One step's metrics under OpenAI's names; the validation ones only at evaluations."""
+    """One step's metrics under OpenAI's names (the validation ones only at evaluations), and
+    the training method's own figures under their own names."""
     metrics: dict[str, Any] = {
         "step": int(progress.get("step", 0)),
         "train_loss": progress.get("loss"),
         "train_mean_token_accuracy": progress.get("mean_token_accuracy"),
     }
+    metrics.update(progress.get("metrics") or {})  # a method's own figures (DPO's rewards/margins...), by TRL's names
     if progress.get("eval_loss") is not None:
         metrics["valid_loss"] = progress["eval_loss"]
         metrics["valid_mean_token_accuracy"] = progress.get("eval_mean_token_accuracy")
