@@ -308,6 +308,26 @@ def test_a_lora_gguf_on_the_base_gguf_matches_the_merged_model(
     assert_matches(reference, llama(base, lora=out / "adapter-f16.gguf"), "base f16 + lora_gguf")
 
 
+def test_merged_16bit_loads_with_transformers_and_carries_the_chat_template(workspace: Path, job: Path, reference: Reference) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out = workspace / "exports" / "merged"
+    messages = export(job, out, "merged_16bit")
+    final = messages[-1]
+    assert final["phase"] == "completed", final
+    assert [m["phase"] for m in statuses(messages)] == ["loading_model", "merging", "completed"]
+    names = {f["name"] for f in final["details"]["files"]}
+    assert {"merged/model.safetensors", "merged/config.json", "merged/tokenizer.json"} <= names
+    assert leftovers(out) == sorted({"merged", *names})
+    model = AutoModelForCausalLM.from_pretrained(str(out / "merged"))
+    assert model.dtype == torch.bfloat16
+    assert "<|im_start|>" in str(AutoTokenizer.from_pretrained(str(out / "merged")).chat_template)
+    with torch.no_grad():
+        logits = model.float()(torch.tensor([reference.ids])).logits[0].numpy()
+    assert agreement(logits, reference.logits) >= 0.95  # bf16 weights, the same model
+
+
 def test_a_stop_during_an_export_ends_it_stopped_with_no_partial_file(workspace: Path, job: Path) -> None:
     out = workspace / "exports" / "stopped"
     sent = []
