@@ -11,8 +11,9 @@ Two kinds of model id:
   `job.json`), served with no adapter.
 
 - a fine-tuning job's OpenAI names (api/openai_jobs.py): its `fine_tuned_model`
-  (`ft:<base>:<suffix>:<job id>`, the job id's twin), and each checkpoint's
-  (`...:ckpt-step-<N>`: the base model plus that checkpoint's adapter).
+  (`ft:<base>:<suffix>:<job id>`, the job id's twin; `/v1/models` lists a job made
+  through /v1/fine_tuning/jobs by this name, any other by its id), and each
+  checkpoint's (`...:ckpt-step-<N>`: the base model plus that checkpoint's adapter).
 
 - an export's GGUF file, `<export id>/<file name>` (api/served_exports.py): run by
   llama.cpp, as people will run the exported file.
@@ -38,6 +39,7 @@ from finetune_studio.api.served_exports import export_models, resolve_export
 from finetune_studio.errors import JobNotFound, ModelNotFound
 from finetune_studio.jobs.store import JobRecord, JobStore
 from finetune_studio.openai_wire import Model
+from finetune_studio.schemas import OPENAI_JOB
 from finetune_studio.wire import JobFolder, ModelRef
 
 _MODELS_HINT = "GET /v1/models lists what this server serves"
@@ -49,9 +51,10 @@ def served_models(store: JobStore) -> list[Model]:
     bases: dict[str, int] = {}
     for job in store.list_jobs():
         if _output(job) is not None:
-            jobs.append(Model(id=job.id, created=int(job.created_at)))
-            if job.phase == "completed":
-                jobs.append(Model(id=fine_tuned_model_name(job), created=int(job.created_at)))
+            # Each model once: a job made through OpenAI's fine-tuning API by the name its
+            # clients know (`fine_tuned_model`), any other by its id; both names answer.
+            openai_named = job.phase == "completed" and OPENAI_JOB in job.request
+            jobs.append(Model(id=fine_tuned_model_name(job) if openai_named else job.id, created=int(job.created_at)))
         name = job.request.get("model_name")
         if isinstance(name, str) and JobFolder(Path(job.output_dir)).job_file.is_file():
             bases[name] = min(bases.get(name, int(job.created_at)), int(job.created_at))
