@@ -180,7 +180,7 @@ def test_the_server_never_imports_torch_or_transformers(tmp_path: Path) -> None:
 def test_a_wrong_method_on_an_api_path_is_405_naming_the_right_one(client: TestClient) -> None:
     # The web UI is mounted at /, but it never answers for the API's paths.
     for method, path, allowed in [("OPTIONS", "/train/start", "POST"), ("GET", "/train/start", "POST"),
-                                  ("DELETE", "/train/jobs", "GET"), ("PUT", "/health", "GET")]:
+                                  ("DELETE", "/train/jobs", "GET"), ("PUT", "/health", "GET, HEAD")]:
         response = client.request(method, path)
         assert response.status_code == 405 and response.headers["allow"] == allowed
     assert client.get("/train/no-such-route").status_code == 404
@@ -199,3 +199,19 @@ def test_an_event_id_past_sqlite_integers_is_422(client: TestClient, tmp_path: P
     for headers, query in (({"Last-Event-ID": str(2**63)}, ""), ({}, f"?last_event_id={2**64}")):
         assert client.get(f"/train/stream/{job_id}{query}", headers=headers).status_code == 422
     client.post(f"/train/stop/{job_id}")
+
+
+def test_a_wrong_method_names_every_method_its_path_takes(client: TestClient) -> None:
+    """A 405's Allow lists every documented method of the path, also where each method is a
+    route of its own (GET, PATCH and DELETE /train/jobs/{id}), as HTTP asks."""
+    import re
+
+    paths = client.app.openapi()["paths"]  # type: ignore[attr-defined]
+    for template, operations in paths.items():
+        documented = {method.upper() for method in operations}
+        path = re.sub(r"\{[^}]+\}", "0", template)
+        wrong = next(m for m in ("PUT", "PATCH", "DELETE", "OPTIONS", "POST") if m not in documented)
+        response = client.request(wrong, path)
+        assert response.status_code == 405, (wrong, path, response.status_code)
+        allowed = {m.strip() for m in response.headers["allow"].split(",")}
+        assert allowed == documented, (path, allowed, documented)

@@ -16,6 +16,7 @@ from fastapi.encoders import jsonable_encoder
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from fastapi.routing import APIRoute
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match, Mount
@@ -157,6 +158,11 @@ def create_app(
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        if exc.status_code == 405:
+            # Starlette's Allow names the methods of the first route on the path only; a
+            # path whose methods are routes of their own (GET and DELETE /v1/files/{id})
+            # must name them all.
+            exc = StarletteHTTPException(405, exc.detail, {**(exc.headers or {}), "Allow": allowed_methods(request.url.path)})
         if exc.status_code == 413 and request.url.path.startswith(files.router.prefix):
             return JSONResponse(too_large_upload(settings.max_file_bytes), status_code=413)
         if exc.status_code == 413:  # a body without Content-Length that grew past the limit
@@ -186,6 +192,16 @@ def create_app(
         # The UI's files hold no data; its API calls carry the token.
         app.router.routes.append(UiMount("/", app=StaticFiles(directory=WEB_DIR, html=True), name="web"))
     return app
+
+
+def allowed_methods(path: str) -> str:
+    """Every method the API's routes take on `path`, for a 405's Allow header."""
+    methods: set[str] = set()
+    for router in (health.router, *API_ROUTERS):
+        for route in router.routes:
+            if isinstance(route, APIRoute) and route.path_regex.match(path):
+                methods |= route.methods or set()
+    return ", ".join(sorted(methods))
 
 
 class UiMount(Mount):

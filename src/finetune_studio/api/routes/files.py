@@ -66,7 +66,7 @@ async def upload_file(
         await file.close()
 
 
-@router.get("")
+@router.get("", responses=_ERRORS)
 async def list_files(
     studio: StudioDep,
     purpose: Optional[str] = None,

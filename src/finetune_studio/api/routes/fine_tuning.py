@@ -44,7 +44,7 @@ async def create_job(body: FineTuningJobRequest, studio: StudioDep) -> FineTunin
     return job_object(job)
 
 
-@router.get("/jobs")
+@router.get("/jobs", responses=_ERRORS)
 async def list_jobs(studio: StudioDep, after: Optional[str] = None, limit: _PAGE = 20) -> FineTuningJobList:
     """Every training job, newest first; `after` a job id, `has_more` whether older ones follow."""
     jobs = studio.service.store.list_jobs()
