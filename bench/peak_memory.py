@@ -8,8 +8,9 @@ measure the same way. Prints one JSON line: {"rows": n, "seconds": s, "grown": b
 
     read   every record parsed and none kept (`read_records`): what the readers cost
     load   read and converted as the training child does (`load_local`, which keeps every row)
-    whole  the whole-file reader the streaming one replaced, for comparison: the whole
-           text, then json.loads of it (a .json file) or of each of its lines
+    whole  the whole-file reader the streaming one replaced, for comparison
+           (tests/whole_file_json.py): the whole text, then json.loads of it (a .json
+           file) or of each of its lines
 
 Memory is the growth of the peak resident size (VmHWM) over what the process held
 after its imports. VmHWM is reset first: ru_maxrss would carry the parent's peak
@@ -23,9 +24,11 @@ import sys
 import time
 from pathlib import Path
 
-from finetune_studio.training.datasets import files
 from finetune_studio.training.datasets.files import read_records
 from finetune_studio.training.datasets.load import load_local
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository, for tests/
+from tests.whole_file_json import json_records, whole_text  # noqa: E402
 
 
 def peak() -> int:
@@ -42,9 +45,9 @@ def count_rows(path: Path, how: str) -> int:
     if how == "load":
         return len(load_local([str(path)], "auto").rows)
     if how == "whole":
-        text = files._read_text(path)
+        text = whole_text(path)
         if path.suffix == ".json":
-            return sum(1 for _ in files._json_records(path, text))
+            return sum(1 for _ in json_records(path, text))
         return sum(1 for line in text.splitlines() if json.loads(line))
     raise SystemExit(f"unknown check {how!r}: read, load or whole")
 

@@ -53,6 +53,7 @@ ErrorCode = Literal[
     "worker_died",
     "worker_failed_to_start",
     "cluster_unavailable",
+    "storage_unavailable",
     "server_restarted",
     "internal_error",
 ]

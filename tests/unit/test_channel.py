@@ -6,13 +6,16 @@ from __future__ import annotations
 import io
 import json
 import math
+import subprocess
+import sys
 import time
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 from finetune_studio.bounds import MAX_ERROR_CHARS, MAX_WARNINGS
 from finetune_studio.training.channel import Channel, StopSignal
-from finetune_studio.wire import MAX_MESSAGE_BYTES
+from finetune_studio.wire import MAX_MESSAGE_BYTES, WorkerSpec
 
 
 def channel() -> tuple[Channel, io.StringIO]:
@@ -121,3 +124,36 @@ def test_a_message_over_the_pipe_limit_is_shrunk_rather_than_lost() -> None:
     (message,) = sent(out)
     assert message["progress"]["step"] == 1 and message["progress"]["loss"] == 1.0
     assert message["progress"]["note"].endswith(f"({MAX_MESSAGE_BYTES + 10:,} characters)")
+
+
+# A child's start, in a process of its own: open_child_wire repoints its fd 1.
+_CHILD = """
+import sys
+from finetune_studio.training.channel import open_child_wire, plain_channel
+
+made = []
+
+def make(events, stop, spec):
+    made.append(spec.job_id)
+    return plain_channel(events, stop, spec)
+
+spec, channel, stop, events = open_child_wire(make)
+print("a library's noise")
+sys.stdout.flush()
+channel.status("idle", f"spec {spec.job_id}, made for {made}")
+stop.wait(300)  # a bound only: the stop line is already on stdin
+channel.status("stopped", stop.reason)
+"""
+
+
+def test_open_child_wire_reads_the_spec_then_listens_for_stop_and_keeps_stdout_for_messages(tmp_path: Path) -> None:
+    spec = WorkerSpec(job_id="job-7", output_dir=tmp_path, request={"model_name": "m"})
+    wire_in = spec.to_line().decode() + "stop\n"
+    result = subprocess.run(
+        [sys.executable, "-c", _CHILD], input=wire_in, capture_output=True, text=True, check=True, timeout=300
+    )
+    first, second = (json.loads(line) for line in result.stdout.splitlines())
+    assert first["phase"] == "idle" and first["message"] == "spec job-7, made for ['job-7']"
+    # The stop line, not the EOF after it, set the signal: the listener got the line after the spec.
+    assert second["phase"] == "stopped" and second["message"] == "a stop was requested"
+    assert "a library's noise" in result.stderr and "noise" not in result.stdout

@@ -18,7 +18,7 @@ from finetune_studio.cli.client import StreamEvent, StudioError, error_text, par
 from finetune_studio.cli.follow import Answer, Outcome, ask_on_terminal, follow
 from finetune_studio.cli.jobs import job_rows, print_jobs, status_lines
 from finetune_studio.cli.main import FORMAT_TYPES, TRAINING_TYPES, build_parser
-from finetune_studio.cli.progress import JsonLinesView, LinesView, LiveView, format_seconds, progress_line
+from finetune_studio.cli.progress import JsonLinesView, LinesView, LiveView, format_seconds, method_text, progress_line
 from finetune_studio.cli.train import CPU_SETTINGS, build_request, may_start_server, runs_on_cpu
 from finetune_studio.schemas import FormatType, TrainingType
 
@@ -152,6 +152,41 @@ def test_progress_line() -> None:
     assert progress_line({**PROGRESS, "tokens_per_second": 1234.6}).endswith("eta 01:15  1,235 tok/s")
 
 
+# A DPO step as the child sends it (TRL 1.16's DPOTrainer logs, by ProgressCallback),
+# and a GRPO one: what `metrics` carries beside the loss.
+DPO_STEP = {
+    "step": 3, "total_steps": 12, "loss": 0.6931, "learning_rate": 5e-5, "progress_percent": 25.0, "epoch": 0.5,
+    "elapsed_seconds": 4.1, "eta_seconds": 12.3, "grad_norm": 1.92, "num_tokens": 384,
+    "metrics": {
+        "entropy": 10.37, "logits/chosen": -0.0123, "logits/rejected": -0.0131, "rewards/chosen": 0.00612,
+        "rewards/rejected": -0.00615, "rewards/accuracies": 0.75, "rewards/margins": 0.01227,
+        "logps/chosen": -48.71, "logps/rejected": -52.06,
+    },
+}
+GRPO_METRICS = {"reward": 0.625, "reward_std": 0.4841, "rewards/regex/mean": 0.625, "completions/mean_length": 3.5, "kl": 0.0}
+
+
+def test_a_methods_figures_follow_the_loss_and_an_sft_line_is_unchanged() -> None:
+    assert progress_line(DPO_STEP) == "step 3/12   25.0%  loss 0.6931  margin 0.0123  acc 0.75  lr 5.00e-05  eta 00:12"
+    assert method_text({**DPO_STEP, "metrics": GRPO_METRICS}) == "reward 0.625  std 0.484"
+    # KTO: a batch without both kinds of answer logs no margin; orpo's log odds are not shown.
+    assert method_text({"metrics": {"rewards/chosen": 1.5, "kl": 0.02}}) == "chosen 1.5  kl 0.02"
+    assert method_text({"metrics": {"rewards/margins": 2.0, "log_odds_ratio": -0.6}}) == "margin 2"
+    sft = {key: value for key, value in DPO_STEP.items() if key != "metrics"}
+    assert progress_line(sft) == "step 3/12   25.0%  loss 0.6931  lr 5.00e-05  eta 00:12"
+    assert progress_line({**sft, "metrics": None}) == progress_line({**sft, "metrics": {}}) == progress_line(sft)
+
+
+def test_the_live_bar_shows_a_methods_figures_after_the_loss() -> None:
+    out = io.StringIO()
+    console = Console(file=out, width=140, force_terminal=True, color_system=None)
+    view = LiveView(console, clock=lambda: 0.0)
+    view.show(StreamEvent(1, "progress", DPO_STEP))
+    view.close()
+    frames = [frame for frame in out.getvalue().replace("\r", "\n").split("\n") if "training " in frame]
+    assert frames[-1].endswith("3/12  25% loss 0.6931  margin 0.0123  acc 0.75  lr 5.00e-05  00:04 elapsed, eta 00:12")
+
+
 def test_a_pipe_gets_phase_lines_and_throttled_progress_lines() -> None:
     console, out = plain_console(width=40)  # narrower than the lines: they must not wrap
     now = [0.0]
@@ -220,6 +255,32 @@ def test_json_lines_are_the_events_as_they_came() -> None:
         "error": None, "error_code": None, "steps": 60, "total_steps": 60, "loss": 2.3125, "train_loss": None,
         "saved_to": "/a", "exit_code": 0,
     }
+
+
+# -- export's flags ------------------------------------------------------------
+
+
+def export_args(*argv: str) -> argparse.Namespace:
+    return build_parser().parse_args(["export", *argv])
+
+
+def test_lora_gguf_takes_an_optional_type_after_the_job_id() -> None:
+    assert (export_args("j1", "--lora-gguf").job_id, export_args("j1", "--lora-gguf").lora_gguf) == ("j1", "f16")
+    assert export_args("j1", "--lora-gguf", "Q8_0").lora_gguf == "q8_0"
+    assert export_args("--lora-gguf=bf16", "j1").lora_gguf == "bf16"
+    assert vars(export_args("--lora-gguf", "q8_0", "j1")) == vars(export_args("j1", "--lora-gguf", "q8_0"))
+    assert export_args("j1", "--lora-gguf", "--out", "d").lora_gguf == "f16"
+    assert export_args("j1", "--gguf", "q4_k_m").lora_gguf is None
+
+
+@pytest.mark.parametrize("argv", [("--lora-gguf", "3f2a9c01"), ("--lora-gguf", "3f2a9c01", "--out", "d")])
+def test_a_job_id_right_after_lora_gguf_says_how_to_write_it(argv: tuple[str, ...], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        export_args(*argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "'3f2a9c01' is not a LoRA GGUF type (f16, bf16, q8_0)" in err
+    assert "put the job id first (finetune-studio export 3f2a9c01 --lora-gguf), or write the type as --lora-gguf=TYPE" in err
 
 
 # -- following, and Ctrl-C ----------------------------------------------------

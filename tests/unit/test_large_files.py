@@ -17,9 +17,10 @@ from typing import Any
 
 import pytest
 
-from finetune_studio.training.datasets import files, jsonstream
+from finetune_studio.training.datasets import jsonstream
 from finetune_studio.training.datasets.errors import DATASET_INVALID, NESTED_TOO_DEEPLY, BadRecord, DatasetError
 from finetune_studio.training.datasets.files import read_records
+from tests.whole_file_json import json_records, whole_text
 
 GOOD = Path(__file__).resolve().parents[1] / "data" / "good"
 
@@ -34,8 +35,8 @@ TRICKY_ROWS: list[Any] = [
 
 
 def whole_file(path: Path) -> list[tuple[str, Any]]:
-    """What the whole-file parse (the reader before streaming, still used for {"data": [...]}) yields."""
-    records = files._json_records(path, files._read_text(path))
+    """What the whole-file parse (the reader before streaming, tests/whole_file_json.py) yields."""
+    records = json_records(path, whole_text(path))
     return [(where, _plain(record)) for where, record in records]
 
 
@@ -268,6 +269,10 @@ def whole_file_error(path: Path) -> DatasetError:
         '{\n  "meta": 1,\n  "data": [{"a": 1}] x\n}',
         '{"meta": ' + "[" * 100_000 + "]" * 100_000 + ', "data": []}',
         '{"data": [{"a": 1},\n' + "[" * 100_000 + "]" * 100_000 + "]}",
+        # Neither a list nor an object: not streamed, parsed whole to say what it is.
+        "\ufeff 42",
+        '"a"\n"b"',
+        "  nul",
     ],
 )
 def test_a_wrong_layout_is_told_as_the_whole_file_parse_told_it(tmp_path: Path, text: str, chunk: int) -> None:

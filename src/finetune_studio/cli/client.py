@@ -131,6 +131,10 @@ class StudioClient:
     def health(self) -> dict[str, Any]:
         return self._request("GET", "/health")  # type: ignore[no-any-return]
 
+    def system(self) -> dict[str, Any]:
+        """GET /system: the server's machine (CPUs, memory, CUDA) and the request defaults that suit it."""
+        return self._request("GET", "/system")  # type: ignore[no-any-return]
+
     def start(self, request: dict[str, Any]) -> str:
         return str(self._request("POST", "/train/start", json=request)["job_id"])
 

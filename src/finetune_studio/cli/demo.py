@@ -25,6 +25,7 @@ from typing import Any, Optional
 
 from finetune_studio.cli.chat import ChatFailed, Conversation
 from finetune_studio.cli.client import StudioClient
+from finetune_studio.cli.machine import fit_to_machine
 from finetune_studio.cli.progress import make_view
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -133,7 +134,9 @@ def run_demo(data_dir: Path, url_for: Any, tiny: bool, steps: Optional[int]) -> 
     with url_for() as url:
         print(f"server up at {url} (data in {data_dir})", flush=True)
         with StudioClient(url) as client:
-            job_id = client.start(demo_request(model_dir, tiny, steps))
+            # As the page does: no 4-bit loading or 8-bit optimizer where the server has no CUDA for them.
+            request = demo_request(model_dir, tiny, steps)
+            job_id = client.start(fit_to_machine(request, client, lambda line: print(line, flush=True)) or request)
             print(f"started job {job_id}; following its stream (curl -N {url}/train/stream/{job_id})", flush=True)
             final: dict[str, Any] = {}
             for event in client.stream(job_id):

@@ -127,7 +127,8 @@ def _export(args: argparse.Namespace) -> int:
 def _train(args: argparse.Namespace) -> int:
     from finetune_studio.cli.train import run_train
 
-    return run_train(args)
+    # The streams of now, not the defaults bound when train.py was imported (a caller may have swapped them).
+    return run_train(args, sys.stdout, sys.stderr)
 
 
 def _watch(args: argparse.Namespace) -> int:
@@ -258,7 +259,9 @@ def _add_train_parser(commands: Any) -> None:
                             ' target_modules=\'["q_proj","v_proj"]\'); repeatable; applied last')
     train.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
                        help="where the server trains: cpu sends load_in_4bit=false and optim=adamw_torch (what works"
-                            " without CUDA); auto guesses cpu for a server on this machine when it has no NVIDIA driver")
+                            " without CUDA); cuda sends the request's own defaults (4-bit loading, an 8-bit optimizer);"
+                            " auto sets the fields no flag sets as the server's GET /system recommends, as the page"
+                            " does (a server without it: cpu's for a server on this machine with no NVIDIA driver)")
     train.add_argument("--detach", action="store_true", help="return once the job is queued (see below)")
     train.add_argument("--data-dir", default=None,
                        help="data directory of a server this command starts (default ~/.finetune-studio, or FINETUNE_STUDIO_DATA_DIR)")
@@ -395,6 +398,7 @@ writes a 16-bit safetensors folder that AutoModelForCausalLM.from_pretrained loa
 EXPORT_EPILOG = """Examples:
   finetune-studio export JOB_ID --gguf q4_k_m,q8_0 --out ./gguf
   finetune-studio export JOB_ID --lora-gguf --out ./adapter
+  finetune-studio export JOB_ID --lora-gguf q8_0     (or --lora-gguf=q8_0 anywhere)
   finetune-studio export JOB_ID --merged ./merged
 
 A download that broke off resumes when the command runs again (HTTP Range).
@@ -419,6 +423,19 @@ def _quantization_list(text: str) -> list[str]:
     return list(dict.fromkeys(names))
 
 
+def _lora_gguf_type(text: str) -> str:
+    """--lora-gguf's optional TYPE. A value after it that is no type is most likely the job id
+    (`export --lora-gguf JOB`): say how to write that, rather than argparse's bare "invalid choice"."""
+    name = text.strip().lower()
+    if name not in LORA_GGUF_TYPES:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a LoRA GGUF type ({', '.join(LORA_GGUF_TYPES)}). A value right after --lora-gguf is"
+            f" read as its type: put the job id first (finetune-studio export {text} --lora-gguf), or write the"
+            " type as --lora-gguf=TYPE"
+        )
+    return name
+
+
 def _add_export_parser(commands: Any) -> None:
     export = commands.add_parser(
         "export", help="export a job's result: GGUF (k-quants), LoRA-GGUF, or a merged 16-bit model",
@@ -427,8 +444,9 @@ def _add_export_parser(commands: Any) -> None:
     export.add_argument("job_id", help="a job id (or, with --merged, a job folder)")
     export.add_argument("--gguf", type=_quantization_list, default=None, metavar="QUANTS",
                         help=f"GGUF files, one per quantization, comma-separated: {', '.join(GGUF_QUANTIZATIONS)}")
-    export.add_argument("--lora-gguf", nargs="?", const="f16", default=None, choices=LORA_GGUF_TYPES, metavar="TYPE",
-                        help=f"the LoRA adapter as GGUF, for llama.cpp's --lora ({', '.join(LORA_GGUF_TYPES)}; default f16)")
+    export.add_argument("--lora-gguf", nargs="?", const="f16", default=None, type=_lora_gguf_type, metavar="TYPE",
+                        help=f"the LoRA adapter as GGUF, for llama.cpp's --lora ({', '.join(LORA_GGUF_TYPES)}; default f16);"
+                             " a value right after it is its type, so name the job first")
     export.add_argument("--out", default=".", metavar="DIR", help="where the exported files are downloaded (default: here)")
     export.add_argument("--merged", default=None, metavar="DIR", help="merge here, in this process, into this new folder")
     export.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"], help="--merged's dtype")

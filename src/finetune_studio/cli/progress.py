@@ -6,7 +6,8 @@ console or stream it writes to and the clock it reads, so tests render into a
 StringIO with a fixed clock and compare the exact text:
 
     LiveView       a terminal: phase changes as lines above a rich progress bar
-                   (step/total, loss, learning rate, elapsed and the server's ETA)
+                   (step/total, loss and a method's own figures, learning rate,
+                   elapsed and the server's ETA)
     LinesView      a pipe or a log file: the same phase lines, and a progress line
                    every few seconds and at the last step
     JsonLinesView  --output-json: one JSON object per event, for scripts
@@ -60,12 +61,39 @@ def loss_text(progress: dict[str, Any]) -> str:
     return "not finite" if progress.get("loss_finite") is False else _number(progress.get("loss"), ".4f")
 
 
+# A method's figures beside the loss (TrainingProgress.metrics, TRL's names): the
+# first that a step has of each slot, as (name, label). The slots are the page's
+# first two method charts (web/methodcharts.js: "Rewards", then "Reward accuracy ·
+# spread"), each cut to the one figure that says most: DPO's and ORPO's margin and
+# accuracy, GRPO's mean reward and its spread; KTO, whose batches may lack the
+# pairs a margin needs, its chosen reward and its KL.
+METHOD_FIGURES: tuple[tuple[tuple[str, str], ...], ...] = (
+    (("rewards/margins", "margin"), ("reward", "reward"), ("rewards/chosen", "chosen")),
+    (("rewards/accuracies", "acc"), ("reward_std", "std"), ("kl", "kl")),
+)
+
+
+def method_text(progress: dict[str, Any]) -> str:
+    """'margin 0.412  acc 0.75': the method's most telling figures of a step; "" when it has
+    none (an SFT step)."""
+    metrics = progress.get("metrics") or {}
+    shown = []
+    for slot in METHOD_FIGURES:
+        found = next(((label, metrics[name]) for name, label in slot if metrics.get(name) is not None), None)
+        if found is not None:
+            shown.append(f"{found[0]} {float(found[1]):.3g}")
+    return "  ".join(shown)
+
+
 def progress_line(progress: dict[str, Any]) -> str:
     """One step's metrics as a line: 'step 15/60  25.0%  loss 2.3125  lr 2.00e-04  eta 01:15',
-    then the server's recent token rate ('1,234 tok/s') and eval loss where the step has them."""
+    with a method's figures after the loss ('loss 0.6931  margin 0.0123  acc 0.5'), then the
+    server's recent token rate ('1,234 tok/s') and eval loss where the step has them."""
+    method = method_text(progress)
     line = (
         f"step {progress['step']}/{progress['total_steps']}  {float(progress['progress_percent']):5.1f}%"
-        f"  loss {loss_text(progress)}  lr {_number(progress.get('learning_rate'), '.2e')}"
+        f"  loss {loss_text(progress)}{f'  {method}' if method else ''}"
+        f"  lr {_number(progress.get('learning_rate'), '.2e')}"
         f"  eta {format_seconds(progress.get('eta_seconds'))}"
     )
     if progress.get("tokens_per_second") is not None:
@@ -226,16 +254,21 @@ class LiveView(BarView):
             BarColumn(bar_width=None),
             MofNCompleteColumn(),
             TaskProgressColumn(),
-            TextColumn("loss {task.fields[loss]}  lr {task.fields[lr]}  {task.fields[elapsed]} elapsed, eta {task.fields[eta]}"),
+            TextColumn(
+                "loss {task.fields[loss]}{task.fields[method]}  lr {task.fields[lr]}"
+                "  {task.fields[elapsed]} elapsed, eta {task.fields[eta]}"
+            ),
         )
 
     def update(self, progress: dict[str, Any]) -> None:
         loss, lr = loss_text(progress), _number(progress.get("learning_rate"), ".2e")
+        method = method_text(progress)
         elapsed, eta = format_seconds(progress.get("elapsed_seconds")), format_seconds(progress.get("eta_seconds"))
         if self._task is None:
             self._task = self.progress.add_task("training", total=progress["total_steps"])
         self.progress.update(
-            self._task, completed=progress["step"], total=progress["total_steps"], loss=loss, lr=lr, elapsed=elapsed, eta=eta
+            self._task, completed=progress["step"], total=progress["total_steps"], loss=loss,
+            method=f"  {method}" if method else "", lr=lr, elapsed=elapsed, eta=eta,
         )
 
 

@@ -1,6 +1,8 @@
 """`finetune-studio train`: a request from the flags, a server to send it to, and the job followed to its end.
 
     build_request(args, cpu=...)   the flags as a `POST /train/start` body (pure; unit-tested)
+    request_for(args, ...)         that body for the server at hand: with --device auto, the fields
+                                   the flags leave unset as its `GET /system` recommends (cli/machine.py)
     may_start_server(url)          whether this command may start a server at url itself
     run_train(args)                the command: find or start the server, queue, follow, exit status
 
@@ -34,6 +36,7 @@ from finetune_studio.cli.follow import (
     report,
 )
 from finetune_studio.cli.local_server import LocalServer
+from finetune_studio.cli.machine import fit_to_machine
 from finetune_studio.cli.progress import make_view
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
@@ -108,6 +111,18 @@ def build_request(args: argparse.Namespace, *, cpu: bool) -> dict[str, Any]:
     return request
 
 
+def request_for(args: argparse.Namespace, client: StudioClient, notes: Notes) -> dict[str, Any]:
+    """The request for the server at hand. --device cpu adds CPU_SETTINGS and --device cuda
+    nothing (the user said which); auto fills the fields the flags leave unset as the
+    server's `GET /system` recommends, as the page does, and from a server that cannot
+    say (an older one) sends what it always did: CPU_SETTINGS for a server on this
+    machine when it has no NVIDIA driver."""
+    if args.device != "auto":
+        return build_request(args, cpu=args.device == "cpu")
+    fitted = fit_to_machine(build_request(args, cpu=False), client, notes.say)
+    return fitted if fitted is not None else build_request(args, cpu=runs_on_cpu(args.device, args.server))
+
+
 def _data_dir(args: argparse.Namespace) -> Path:
     if args.data_dir:
         return Path(args.data_dir).expanduser().resolve()
@@ -143,7 +158,6 @@ def _exit_on_signal(signum: int, frame: Optional[FrameType]) -> None:
 
 def run_train(args: argparse.Namespace, stdout: IO[str] = sys.stdout, stderr: IO[str] = sys.stderr) -> int:
     notes = Notes(stdout, stderr, stdout_for_scripts=args.output_json or args.detach)
-    request = build_request(args, cpu=runs_on_cpu(args.device, args.server))
     server: Optional[LocalServer] = None
     keep_server = bool(args.detach)
     previous_handlers: dict[int, Any] = {}
@@ -161,7 +175,7 @@ def run_train(args: argparse.Namespace, stdout: IO[str] = sys.stdout, stderr: IO
                 server = _start_server(args, client, notes)
                 if server is not None and not keep_server:
                     notes.say(f"server up at {server.url} (pid {server.pid}); it stops when the job ends")
-            job_id = client.start(request)
+            job_id = client.start(request_for(args, client, notes))
         except StudioError as exc:
             notes.error(f"the job was not queued: {exc}")
             _release(server, keep=False, previous_handlers=previous_handlers)

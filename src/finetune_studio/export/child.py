@@ -42,7 +42,7 @@ from finetune_studio.export.merge import JobRecord, MergeError, load_merged, sav
 from finetune_studio.export.process import ToolFailed
 from finetune_studio.export.tools import LlamaCppTools, ToolsMissing, find_tools
 from finetune_studio.schemas import ErrorCode, ExportPhase, ExportProgress, ExportStartRequest
-from finetune_studio.training.channel import Channel, JobFailure, StopRequested, StopSignal
+from finetune_studio.training.channel import Channel, JobFailure, StopRequested, StopSignal, open_child_wire
 from finetune_studio.training.child import classify
 from finetune_studio.wire import OUT_OF_MEMORY_ADVICE, WorkerSpec, save_atomically
 
@@ -373,14 +373,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--job-id", required=True)
     parser.parse_args(argv)
 
-    # Keep stdout for messages only: anything a library prints goes to the log.
-    events = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1, encoding="utf-8")
-    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
-
-    stop = StopSignal()
-    spec = WorkerSpec.from_line(sys.stdin.readline())
-    channel = Channel(events, stop)
-    stop.listen(sys.stdin)
+    spec, channel, stop, _ = open_child_wire()
 
     def on_terminate(signum: int, frame: Optional[FrameType]) -> None:
         # The supervisor's escalation: stop as a stop does, so the partial files go too.

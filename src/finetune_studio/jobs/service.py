@@ -17,7 +17,7 @@ import shutil
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any, Optional, cast
+from typing import Any, Optional, Union, cast
 
 from finetune_studio.bounds import bound_status
 from finetune_studio.errors import InvalidTransition, StudioError
@@ -78,6 +78,16 @@ def make_status(
         details={**(details or {}), "time": round(time.time(), 6)},
     )
     return status.model_dump()
+
+
+def _show_queue_position(
+    status: Union[TrainingStatus, ExportStatus], job: JobRecord, queue_position: Optional[int]
+) -> None:
+    """A queued job's status says its place in its queue: in the message and in
+    `details.queue_position` (the same number)."""
+    if queue_position is not None and job.phase == "idle":
+        status.message = f"Queued (position {queue_position})"
+        status.details = {**(status.details or {}), "queue_position": queue_position}
 
 
 # Events a feed keeps in memory per unfinished job (about 300 bytes each).
@@ -266,9 +276,7 @@ class JobService:
         if with_names:
             names = {key: job.request.get(key) for key in ("model_name", "project_name")}
             status.details = {**(status.details or {}), **names}
-        if queue_position is not None and job.phase == "idle":
-            status.message = f"Queued (position {queue_position})"
-            status.details = {**(status.details or {}), "queue_position": queue_position}
+        _show_queue_position(status, job, queue_position)
         if with_summary and job.phase == "training":
             summary = self.summary(job.id, job.request, ended=time.time())
             status.details = {**(status.details or {}), "summary": summary}
@@ -277,9 +285,7 @@ class JobService:
     def export_status_of(self, job: JobRecord, queue_position: Optional[int] = None) -> ExportStatus:
         """An export's current status; a queued one's place among the queued exports."""
         status = ExportStatus.model_validate(job.status)
-        if queue_position is not None and job.phase == "idle":
-            status.message = f"Queued (position {queue_position})"
-            status.details = {**(status.details or {}), "queue_position": queue_position}
+        _show_queue_position(status, job, queue_position)
         return status
 
     async def stream(self, job_id: str, after_id: int = 0) -> AsyncIterator[bytes]:

@@ -26,11 +26,24 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import traceback
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import IO, Any, Optional
 
+from finetune_studio.ray_train.storage import (
+    StorageError,
+    Store,
+    get_checkpoint,
+    get_outputs,
+    is_uri,
+    join,
+    redacted,
+    upload_inputs,
+)
 from finetune_studio.schemas import Phase, TrainingStartRequest
 from finetune_studio.training.channel import Channel, StopSignal
 from finetune_studio.wire import JobFolder, WorkerSpec
@@ -86,6 +99,7 @@ class Relay:
     training_started: bool = False
     terminal: Optional[str] = None
     restarts: list[str] = field(default_factory=list)
+    mirror: Optional[Mirror] = None  # when the job's files travel through a URI
 
     def say(self, phase: Phase, message: str, **details: Any) -> None:
         self.phase = phase
@@ -100,10 +114,16 @@ class Relay:
             message = json.loads(text)
         except ValueError:
             return
+        if message.get("type") == "stored":  # rank 0 stored a checkpoint at the URI: copy it here
+            if self.mirror is not None:
+                self.mirror.checkpoint(str(message.get("checkpoint")))
+            return
         if message.get("type") == "status":
             phase = str(message.get("phase"))
             if phase in TERMINAL:
                 self.terminal = phase
+                if self.mirror is not None:  # the results are at the URI: copy them here before saying so
+                    self.mirror.outputs(message)
             elif phase in ORDER:
                 now, then = ORDER.index(phase), ORDER.index(self.phase) if self.phase in ORDER else 0
                 if now < then or (now == then and phase not in REPEATABLE):
@@ -132,6 +152,48 @@ class Relay:
         self.channel.warn(note)
         if self.phase in REPEATABLE:
             self.say(self.phase, note, restarts=list(self.restarts))
+
+
+class Mirror:
+    """Copies what the workers store at the URI into the job's folder on this machine
+    (storage.py): each checkpoint as rank 0 says it is stored, in a thread beside the
+    relay, and the results before the relay passes on the end of the job."""
+
+    def __init__(self, store: Store, job_id: str, folder: Path) -> None:
+        self.store = store
+        self.job_id = job_id
+        self.folder = folder
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mirror")
+        self._pending: list[Future[None]] = []
+        self.problems: list[str] = []
+
+    def checkpoint(self, name: str) -> None:
+        if re.fullmatch(r"checkpoint-\d+", name):
+            self._pending.append(self._pool.submit(self._copy, name))
+
+    def _copy(self, name: str) -> None:
+        try:
+            get_checkpoint(self.store, self.job_id, name, self.folder)
+        except StorageError as exc:
+            self.problems.append(f"{name} stays at the job storage only: {exc}")
+
+    def settle(self) -> None:
+        """Wait for the copies asked for so far."""
+        for future in self._pending:
+            future.result()
+        self._pending.clear()
+
+    def outputs(self, message: dict[str, Any]) -> None:
+        """Copy the results, then say in the end `message` what could not be copied."""
+        self.settle()
+        try:
+            get_outputs(self.store, self.job_id, self.folder)
+        except StorageError as exc:
+            self.problems.append(f"The results stay at the job storage only ({join(redacted(self.store.uri), 'jobs', self.job_id)}): {exc}")
+        details = message.get("details")
+        if self.problems and isinstance(details, dict):
+            details["warnings"] = [*details.get("warnings", []), *self.problems]
+        self.problems = []
 
 
 def where(worker: dict[str, Any]) -> str:
@@ -227,9 +289,24 @@ def drive(relay: Relay, spec: WorkerSpec, request: TrainingStartRequest, resourc
     from finetune_studio.ray_train.sink import EventSink
 
     sink: Any = ray.remote(EventSink).options(name=f"finetune-studio-sink-{spec.job_id}", num_cpus=0).remote()
-    config = {"spec": spec.to_line().decode(), "sink": sink}
+    config: dict[str, Any] = {"spec": spec.to_line().decode(), "sink": sink}
+    ray_storage = args.storage
+    if is_uri(args.storage):
+        # The nodes share no folder: the job's inputs and files travel through the URI (storage.py).
+        try:
+            store = Store(args.storage)
+            relay.say("loading_model", f"Uploading the job's local inputs to {redacted(args.storage)} (once per content)")
+            config["inputs"] = upload_inputs(store, spec.request, spec.output_dir.parent)
+        except StorageError as exc:
+            relay.channel.status("error", "Training failed", error=str(exc),
+                                 details={**relay.facts, "error_code": "storage_unavailable"})
+            return 1
+        config["storage"] = args.storage
+        relay.mirror = Mirror(store, spec.job_id, spec.output_dir)
+        relay.facts["storage"] = join(redacted(args.storage), "jobs", spec.job_id)
+        ray_storage = join(args.storage, "ray")
     fit = ray.remote(num_cpus=0, max_retries=0)(run_fit)
-    ref = fit.remote(config, request.num_workers, resources, args.storage, spec.job_id, args.max_failures)
+    ref = fit.remote(config, request.num_workers, resources, ray_storage, spec.job_id, args.max_failures)
 
     total = ray.cluster_resources()
     free = ray.available_resources()
@@ -286,6 +363,8 @@ def failed(relay: Relay, spec: WorkerSpec, exc: BaseException, sink: Any) -> int
     """The run failed past what Ray Train retries: a worker's own error, or a lost worker."""
     import ray
 
+    if relay.mirror is not None:
+        relay.mirror.settle()  # the checkpoints stored before the loss are here
     details: dict[str, Any] = {**relay.facts, **JobFolder(spec.output_dir).outputs()}
     checkpoint = JobFolder(spec.output_dir).last_checkpoint()
     if checkpoint is not None:

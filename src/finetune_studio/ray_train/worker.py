@@ -19,13 +19,28 @@ and the gradients are averaged across ranks.
 from __future__ import annotations
 
 import io
+import json
 import os
+import shutil
+import tempfile
 import traceback
-from typing import IO, Any, cast
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any, Optional, cast
 
 import ray
 import ray.train
 
+from finetune_studio.ray_train.storage import (
+    PathMap,
+    StorageError,
+    Store,
+    fetch_inputs,
+    get_checkpoint,
+    localize,
+    put_outputs,
+)
 from finetune_studio.training.channel import Channel, JobFailure, StopRequested, StopSignal
 from finetune_studio.training.child import classify
 from finetune_studio.wire import WorkerSpec, last_checkpoint
@@ -42,6 +57,8 @@ class SinkStream(io.TextIOBase):
         self._mute = mute
         self._seq = 0
         self._partial = ""
+        # The node's paths and the server's words for them (a job whose files travel through a URI).
+        self.paths: Optional[PathMap] = None
 
     def writable(self) -> bool:
         return True
@@ -51,6 +68,8 @@ class SinkStream(io.TextIOBase):
             return len(text)
         *lines, self._partial = (self._partial + text).split("\n")
         for line in lines:
+            if line and self.paths is not None:
+                line = json.dumps(self.paths.restore(json.loads(line)), separators=(",", ":"))  # the channel's own JSON
             if line:
                 # Fire and forget: the step does not wait for the sink (1-2 ms if it did).
                 self._sink.push.remote(self._attempt, self._seq, line)
@@ -77,9 +96,8 @@ class SharedStop(StopSignal):
 
 
 def train_loop_per_worker(config: dict[str, Any]) -> None:
-    """Ray Train's per-worker function: `config` holds the job's spec (a wire line) and the sink."""
-    from finetune_studio.training.recipe import Recipe
-
+    """Ray Train's per-worker function. `config` holds the job's spec (a wire line), the sink,
+    and, when the job's files travel through a URI, the URI and the inputs uploaded there."""
     sink = config["sink"]
     rank = ray.train.get_context().get_world_rank()
     runtime = ray.get_runtime_context()
@@ -87,11 +105,33 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
              "actor_id": runtime.get_actor_id()}
     attempt: int = ray.get(sink.register.remote(rank, where))
     spec = WorkerSpec.from_line(config["spec"])
-    if attempt > 1 and last_checkpoint(spec.output_dir) is not None:
+    stop = SharedStop(sink, attempt)
+    stream = SinkStream(sink, attempt, mute=rank != 0)
+    channel = Channel(cast(IO[str], stream), stop)
+    scratch: Optional[Scratch] = None
+    if config.get("storage"):
+        try:
+            scratch = Scratch.prepare(Store(config["storage"]), spec, rank, attempt, config.get("inputs") or {})
+        except StorageError as exc:  # the same storage for every rank: each says so, rank 0 is heard
+            channel.status("error", "Training failed", error=str(exc),
+                           details={"output_dir": str(spec.output_dir), "error_code": "storage_unavailable"})
+            return
+        stream.paths = scratch.paths
+        channel = ScratchChannel(cast(IO[str], stream), stop, scratch, rank)
+        spec = scratch.spec
+    elif attempt > 1 and last_checkpoint(spec.output_dir) is not None:
         # Ray Train started the workers again after losing one: go on from the job's last checkpoint.
         spec.request["resume_from_checkpoint"] = str(spec.output_dir)
-    stop = SharedStop(sink, attempt)
-    channel = Channel(cast(IO[str], SinkStream(sink, attempt, mute=rank != 0)), stop)
+    try:
+        run(spec, channel, cast(IO[str], stream), stop, rank, where, sink, scratch)
+    finally:
+        if scratch is not None:
+            scratch.remove()
+
+
+def run(spec: WorkerSpec, channel: Channel, stream: IO[str], stop: StopSignal, rank: int, where: dict[str, Any], sink: Any,
+        scratch: Optional[Scratch]) -> None:
+    from finetune_studio.training.recipe import Recipe
 
     try:
         recipe = Recipe(spec, channel, stop)
@@ -99,6 +139,10 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         channel.status("error", "Training failed", error=exc.message,
                        details={"output_dir": str(spec.output_dir), "error_code": exc.error_code})
         return
+    if scratch is not None:
+        from finetune_studio.ray_train.checkpoints import CheckpointUpload
+
+        recipe.extra_callbacks.append(CheckpointUpload(scratch.store, spec.job_id, rank, Scratch.announce(stream), channel.warn))
     try:
         recipe.run()
     except StopRequested as exc:
@@ -110,3 +154,77 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         code, text = classify(exc)
         ray.get(sink.note_failure.remote(rank, where, code, text))
         raise
+
+
+def node_cache() -> Path:
+    """This node's folder for jobs whose files travel through a URI: its temporary directory's."""
+    return Path(tempfile.gettempdir()) / "finetune-studio-ray"
+
+
+@dataclass
+class Scratch:
+    """One worker's own folder on its node, for a job whose files travel through a URI:
+    it trains there, with the node's copies of the inputs, and uploads what it saves."""
+
+    store: Store
+    job_id: str
+    run_dir: Path
+    spec: WorkerSpec
+    paths: PathMap
+
+    @classmethod
+    def prepare(cls, store: Store, server_spec: WorkerSpec, rank: int, attempt: int, placed: dict[str, str]) -> Scratch:
+        job_id = server_spec.job_id
+        run_dir = node_cache() / "runs" / f"{job_id}-rank{rank}-attempt{attempt}"
+        shutil.rmtree(run_dir, ignore_errors=True)
+        folder = run_dir / job_id  # the job folder's twin: the recipe writes here
+        folder.mkdir(parents=True)
+        local = fetch_inputs(store, placed, node_cache())
+        request = localize(server_spec.request, local)
+        stored = store.stored_checkpoints(job_id) if attempt > 1 else []
+        if stored:
+            # Ray Train started the workers again after losing one: go on from the job's last stored checkpoint.
+            get_checkpoint(store, job_id, f"checkpoint-{stored[-1]}", folder)
+            request["resume_from_checkpoint"] = str(folder)
+        spec = WorkerSpec(job_id=job_id, output_dir=folder, request=request, warnings=server_spec.warnings)
+        paths = PathMap([(str(folder), str(server_spec.output_dir)), *((copy, text) for text, copy in local.items())])
+        return cls(store, job_id, run_dir, spec, paths)
+
+    @staticmethod
+    def announce(stream: IO[str]) -> Callable[[str], None]:
+        """How rank 0 tells the driver that a checkpoint is stored (a line the driver keeps to itself)."""
+        def stored(name: str) -> None:
+            stream.write(json.dumps({"type": "stored", "checkpoint": name}) + "\n")
+
+        return stored
+
+    def put_outputs(self) -> None:
+        put_outputs(self.store, self.job_id, self.spec.output_dir, self.paths)
+
+    def remove(self) -> None:
+        shutil.rmtree(self.run_dir, ignore_errors=True)
+
+
+TERMINAL = frozenset({"completed", "stopped", "error"})
+
+
+class ScratchChannel(Channel):
+    """Rank 0's channel when the job's files travel through a URI: its results are uploaded
+    before it says the job ended, so the driver finds them there when it hears it."""
+
+    def __init__(self, stream: IO[str], stop: StopSignal, scratch: Scratch, rank: int) -> None:
+        super().__init__(stream, stop)
+        self._scratch = scratch
+        self._rank = rank
+
+    def status(self, phase: Any, message: str, *, error: Optional[str] = None, details: Optional[dict[str, Any]] = None) -> None:
+        if phase in TERMINAL and self._rank == 0:
+            try:
+                self._scratch.put_outputs()
+            except StorageError as exc:
+                if phase == "error":  # the job's own error comes first; the storage's is a warning
+                    self.warn(str(exc))
+                else:
+                    phase, message, error = "error", "Training failed", f"{exc} The job had {phase}: {message}"
+                    details = {**(details or {}), "error_code": "storage_unavailable"}
+        super().status(phase, message, error=error, details=details)

@@ -1,5 +1,6 @@
 """The child's side of the wire (`finetune_studio.wire`): messages to the server,
-and the stop signal from it.
+the stop signal from it, and `open_child_wire`, which sets both up at a child's start
+(training, export and Ray driver children alike).
 
 Kept free of torch so that it can be imported and tested on its own.
 """
@@ -8,13 +9,15 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 import threading
-from typing import IO, Any, Optional, Union
+from collections.abc import Callable
+from typing import IO, Any, NamedTuple, Optional, Union
 
 from finetune_studio.bounds import MAX_WARNING_CHARS, MAX_WARNINGS, bound_status, excerpt, fit, shrink
 from finetune_studio.schemas import ErrorCode, ExportPhase, Phase
-from finetune_studio.wire import MAX_MESSAGE_BYTES, STOP_COMMAND, Message, status_message
+from finetune_studio.wire import MAX_MESSAGE_BYTES, STOP_COMMAND, Message, WorkerSpec, status_message
 
 
 class JobFailure(Exception):
@@ -138,3 +141,48 @@ class Channel:
             if not finite:
                 clean["loss_finite"] = False  # absent means true: most steps carry no flag
         self._send({"type": "progress", "progress": clean})
+
+
+# -- a child's start -------------------------------------------------------------
+
+
+def keep_stdout_for_messages() -> IO[str]:
+    """A line-buffered stream on a copy of stdout, for the child's messages only; fd 1
+    then points at stderr, so whatever a library prints goes to the log instead."""
+    messages = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1, encoding="utf-8")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    return messages
+
+
+MakeChannel = Callable[[IO[str], StopSignal, WorkerSpec], Channel]
+
+
+def plain_channel(events: IO[str], stop: StopSignal, spec: WorkerSpec) -> Channel:
+    """The channel a child reports on; a child's `main` may take another maker (the tests'
+    hooked child, tests/reliability/hooked_child.py, holds or fails a real child with it)."""
+    return Channel(events, stop)
+
+
+class ChildWire(NamedTuple):
+    """What `open_child_wire` set up: the spec, the channel to report on, the stop
+    signal, and the messages stream itself (for a child that relays lines as they are)."""
+
+    spec: WorkerSpec
+    channel: Channel
+    stop: StopSignal
+    events: IO[str]
+
+
+def open_child_wire(make_channel: MakeChannel = plain_channel) -> ChildWire:
+    """A child's start on the wire: stdout kept for messages, the `WorkerSpec` line read
+    from stdin, the channel made, and then a daemon thread listening on stdin for `stop`.
+
+    The spec is read before the listener starts: both read stdin, and the listener
+    would otherwise take the spec line for a command.
+    """
+    events = keep_stdout_for_messages()
+    stop = StopSignal()
+    spec = WorkerSpec.from_line(sys.stdin.readline())
+    channel = make_channel(events, stop, spec)
+    stop.listen(sys.stdin)
+    return ChildWire(spec, channel, stop, events)

@@ -9,20 +9,20 @@ from __future__ import annotations
 
 import argparse
 import errno
-import os
 import sys
 import traceback
-from collections.abc import Callable, Iterator
-from typing import IO, Optional
+from collections.abc import Iterator
+from typing import Optional
 
 from finetune_studio.schemas import ErrorCode
 from finetune_studio.training.channel import (
-    Channel,
     JobFailure,
+    MakeChannel,
     StopRequested,
-    StopSignal,
+    open_child_wire,
+    plain_channel,
 )
-from finetune_studio.wire import OUT_OF_MEMORY_ADVICE, WorkerSpec
+from finetune_studio.wire import OUT_OF_MEMORY_ADVICE
 
 _MEMORY_WORDS = ("out of memory", "can't allocate memory", "cannot allocate memory")
 _DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
@@ -63,28 +63,14 @@ def classify(exc: BaseException) -> tuple[ErrorCode, str]:
 # -- the child -----------------------------------------------------------------
 
 
-def plain_channel(events: IO[str], stop: StopSignal, spec: WorkerSpec) -> Channel:
-    """The channel a child reports on; `main` takes another maker (the tests' hooked
-    child, tests/reliability/hooked_child.py, holds or fails a real child with it)."""
-    return Channel(events, stop)
-
-
-def main(
-    argv: list[str] | None = None,
-    make_channel: Callable[[IO[str], StopSignal, WorkerSpec], Channel] = plain_channel,
-) -> int:
+def main(argv: list[str] | None = None, make_channel: MakeChannel = plain_channel) -> int:
+    """Runs one job; `make_channel` is how the tests' hooked child
+    (tests/reliability/hooked_child.py) holds or fails a real child."""
     parser = argparse.ArgumentParser(prog="finetune_studio.training.child")
     parser.add_argument("--job-id", required=True)
     parser.parse_args(argv)
 
-    # Keep stdout for messages only: anything a library prints goes to the log.
-    events = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1, encoding="utf-8")
-    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
-
-    stop = StopSignal()
-    spec = WorkerSpec.from_line(sys.stdin.readline())
-    channel = make_channel(events, stop, spec)
-    stop.listen(sys.stdin)
+    spec, channel, stop, _ = open_child_wire(make_channel)
 
     from finetune_studio.training.recipe import Recipe  # after the wire is up
 

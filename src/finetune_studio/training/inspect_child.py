@@ -18,13 +18,12 @@ a hub id (from the local cache first; the hub only when it answers).
 from __future__ import annotations
 
 import json
-import os
 import sys
 import traceback
 from typing import Any
 
 from finetune_studio.schemas import DatasetInspection, DatasetInspectRequest
-from finetune_studio.training.channel import JobFailure
+from finetune_studio.training.channel import JobFailure, keep_stdout_for_messages
 from finetune_studio.training.datasets.errors import first_line
 from finetune_studio.training.datasets.inspect import inspect_dataset
 from finetune_studio.training.models import from_local_cache, pretrained_args, resolve_source
@@ -66,9 +65,7 @@ def run_inspection(request: DatasetInspectRequest) -> DatasetInspection:
 
 
 def main() -> int:
-    # Keep stdout for the answer only: anything a library prints goes to stderr.
-    answer = os.fdopen(os.dup(sys.stdout.fileno()), "w", encoding="utf-8")
-    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    answer = keep_stdout_for_messages()  # anything a library prints goes to stderr
     try:
         request = DatasetInspectRequest.model_validate_json(sys.stdin.readline())
         message: dict[str, Any] = {"type": "inspection", "inspection": run_inspection(request).model_dump(mode="json")}

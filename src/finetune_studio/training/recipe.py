@@ -45,6 +45,7 @@ class Recipe:
         self.phase: Phase = "idle"
         self.progress_callback: Optional[ProgressCallback] = None  # set by build_trainer
         self.early_stopping: Optional[EarlyStoppingCallback] = None  # set by build_trainer when patience is given
+        self.extra_callbacks: list[Any] = []  # a launcher's own (Ray: uploading checkpoints), after the recipe's
         self.facts: dict[str, Any] = {"output_dir": str(self.output_dir), "worker_pid": os.getpid()}
         for warning in spec.warnings:
             channel.warn(warning)
@@ -405,7 +406,7 @@ class Recipe:
         if eval_data is not None and request.eval_steps and request.eval_sample_count:
             prompts = eval_prompts(tokenizer, eval_data.rows, request.eval_sample_count)
             self.progress_callback.eval_sampler = EvalSampler(prompts)
-        callbacks: list[Any] = [self.progress_callback]
+        callbacks: list[Any] = [self.progress_callback, *self.extra_callbacks]
         if request.early_stopping_patience is not None:
             from transformers import EarlyStoppingCallback
 

@@ -35,6 +35,7 @@ const ERROR_CODES = {
   worker_died: "The training process ended unexpectedly",
   worker_failed_to_start: "The training process could not start",
   cluster_unavailable: "The Ray cluster could not be reached: check the server's --ray-address",
+  storage_unavailable: "The job storage could not be read or written: check ray_storage_path and the nodes' credentials",
   server_restarted: "The server restarted while this run was going; its checkpoints are kept",
   internal_error: "The server failed while running this job: see its log",
 };

@@ -28,7 +28,6 @@ Lines count from 1, as editors count; rows count from 0, as pandas, pyarrow and
 
 from __future__ import annotations
 
-import bisect
 import csv
 import io
 import json
@@ -212,129 +211,27 @@ def _json_file_records(path: Path) -> Iterator[Record]:
                 return
     except OSError as exc:
         raise DatasetError(path, "", f"cannot be read ({exc.strerror or exc})") from None
-    yield from _json_records(path, _read_text(path))
+    raise _not_rows(path, _read_text(path))
 
 
-def _json_records(path: Path, text: str) -> Iterator[Record]:
-    lines = _LineIndex(text)
-    try:
-        yield from _json_rows(path, text, lines)
-    except _NestedTooDeeply as deep:
-        where = f"line {lines.line_of(deep.offset)}" + (f" (row {deep.row})" if deep.row is not None else "")
-        raise DatasetError(path, where, NESTED_TOO_DEEPLY) from None
-
-
-def _json_rows(path: Path, text: str, lines: _LineIndex) -> Iterator[Record]:
+def _not_rows(path: Path, text: str) -> DatasetError:
+    """The error for a .json document that does not start as a list or an object:
+    either it is not JSON (where it stops being JSON), or it is one plain value."""
     try:
         document = json.loads(text)
     except json.JSONDecodeError as exc:
-        hint = ""
-        if exc.msg == "Extra data":
-            hint = "; the file looks like JSON Lines (one object per line): name it .jsonl"
-        raise DatasetError(path, f"line {exc.lineno}", f"bad JSON ({exc.msg} at column {exc.colno}){hint}") from None
-    except RecursionError:
-        # Somewhere a value is nested too deeply: read the rows one by one to find its row.
-        yield from _json_rows_around_depth(path, text, lines)
-        raise DatasetError(path, "", NESTED_TOO_DEEPLY) from None  # not inside a row: the layout itself
-
-    if isinstance(document, list):
-        array_at = _skip_space(text, 0)
-    elif isinstance(document, dict) and isinstance(document.get("data"), list):
-        array_at = _value_offset(text, "data")
-    else:
-        found = kind_of(document)
-        if isinstance(document, dict):
-            found += f" with the keys {names(document, quoted=True) or '(none)'}"
-        raise DatasetError(path, "", f'a .json dataset must be a list of rows, or {{"data": [rows]}}; found {found}')
-    yield from _rows_of(path, text, array_at, lines)
+        return bad_document(path, exc)
+    found = kind_of(document)  # neither a list nor an object: json.loads skips the same spaces the window does
+    return DatasetError(path, "", f'a .json dataset must be a list of rows, or {{"data": [rows]}}; found {found}')
 
 
-def _json_rows_around_depth(path: Path, text: str, lines: _LineIndex) -> Iterator[Record]:
-    """The rows of a document json.loads gave up on, as far as they read: the row
-    nested too deeply raises `_NestedTooDeeply` where it starts."""
-    start = _skip_space(text, 0)
-    if text.startswith("[", start):
-        yield from _rows_of(path, text, start, lines)
-    elif text.startswith("{", start):
-        array_at = _value_offset(text, "data")
-        if array_at >= 0 and text.startswith("[", array_at):
-            yield from _rows_of(path, text, array_at, lines)
-
-
-def _rows_of(path: Path, text: str, array_at: int, lines: _LineIndex) -> Iterator[Record]:
-    for index, (offset, value) in enumerate(_array_items(text, array_at)):
-        where = f"line {lines.line_of(offset)} (row {index})"
-        if not isinstance(value, dict):
-            yield where, BadRecord(f"each row must be a JSON object, found {kind_of(value)}", "wrong_type")
-            continue
-        yield where, value
-
-
-class _NestedTooDeeply(Exception):
-    """A value at `offset` (the `row`-th item of the rows, if it is one) is nested past the parser's depth."""
-
-    def __init__(self, offset: int, row: int | None) -> None:
-        super().__init__(offset, row)
-        self.offset = offset
-        self.row = row
-
-
-class _LineIndex:
-    def __init__(self, text: str) -> None:
-        self._starts = [0]
-        position = text.find("\n")
-        while position != -1:
-            self._starts.append(position + 1)
-            position = text.find("\n", position + 1)
-
-    def line_of(self, offset: int) -> int:
-        return bisect.bisect_right(self._starts, offset)
-
-
-def _skip_space(text: str, at: int) -> int:
-    while at < len(text) and text[at] in " \t\r\n":
-        at += 1
-    return at
-
-
-def _array_items(text: str, at: int) -> Iterator[tuple[int, Any]]:
-    """(offset, value) of each item of the JSON array at `at`; the text is known to be
-    valid JSON as far as the parser's depth allows."""
-    decoder = json.JSONDecoder()
-    at = _skip_space(text, at + 1)  # past "["
-    index = 0
-    while text[at] != "]":
-        try:
-            value, end = decoder.raw_decode(text, at)
-        except RecursionError:
-            raise _NestedTooDeeply(at, index) from None
-        yield at, value
-        index += 1
-        at = _skip_space(text, end)
-        if text[at] == ",":
-            at = _skip_space(text, at + 1)
-
-
-def _value_offset(text: str, key: str) -> int:
-    """Where the value of the top-level object's `key` starts (the last one, as json.loads keeps)."""
-    decoder = json.JSONDecoder()
-    at = _skip_space(text, _skip_space(text, 0) + 1)  # past "{"
-    found = -1
-    while text[at] != "}":
-        name, at = decoder.raw_decode(text, at)
-        at = _skip_space(text, _skip_space(text, at) + 1)  # past ":"
-        if name == key:
-            found = at
-        try:
-            _, at = decoder.raw_decode(text, at)
-        except RecursionError:
-            if name == key:
-                return found  # its rows, read one by one, say which is too deep
-            raise _NestedTooDeeply(at, None) from None
-        at = _skip_space(text, at)
-        if text[at] == ",":
-            at = _skip_space(text, at + 1)
-    return found
+def bad_document(path: Path, exc: json.JSONDecodeError) -> DatasetError:
+    """The error for a .json file that json.loads, reading it whole, found not to be
+    JSON (tests/whole_file_json.py, the whole-file reader, words its errors with it too)."""
+    hint = ""
+    if exc.msg == "Extra data":
+        hint = "; the file looks like JSON Lines (one object per line): name it .jsonl"
+    return DatasetError(path, f"line {exc.lineno}", f"bad JSON ({exc.msg} at column {exc.colno}){hint}")
 
 
 # -- CSV ----------------------------------------------------------------------
