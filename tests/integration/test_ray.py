@@ -16,6 +16,7 @@ Train restart from the last checkpoint and finish (max_failures 1), or ends the 
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import os
 import shutil
@@ -24,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +35,7 @@ import pytest
 from finetune_studio.cli.local_server import free_port
 from finetune_studio.wire import last_checkpoint
 from tests.conftest import ServerProcess, collect, job_request, phases, wait_for
+from tests.s3 import CREDENTIALS, S3, s3_server
 
 pytest.importorskip("ray", reason="the Ray tests need finetune-studio[ray]")
 pytestmark = [pytest.mark.train, pytest.mark.slow]
@@ -45,13 +48,17 @@ WORKERS = {"num_workers": 2, "resources_per_worker": {"CPU": 1}}
 class Node:
     """One `ray start --block` process group."""
 
-    def __init__(self, args: list[str], log: Path) -> None:
+    def __init__(self, args: list[str], log: Path, tmp: Path) -> None:
+        """`tmp`: the node's own temporary directory (TMPDIR), which no other node sees."""
         self.log = log
+        self.tmp = tmp
+        tmp.mkdir(parents=True, exist_ok=True)
         with open(log, "wb") as out:
             self.process = subprocess.Popen(
                 [RAY, "start", "--block", "--node-ip-address=127.0.0.1", "--num-cpus=1", "--disable-usage-stats",
                  f"--dashboard-agent-listen-port={free_port()}", *args],
                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                env={**os.environ, **CREDENTIALS, "TMPDIR": str(tmp)},
             )
 
     def started(self) -> bool:
@@ -82,27 +89,46 @@ class Node:
         psutil.wait_procs(started, timeout=10)
 
 
+@dataclass
+class Cluster:
+    address: str
+    nodes: list[Node]
+
+
 @pytest.fixture(scope="module")
-def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """The address of a 2-node cluster (1 CPU each) on 127.0.0.1."""
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """A 2-node cluster (1 CPU each) on 127.0.0.1; each node has a temporary directory of its own."""
     temp = Path(tempfile.mkdtemp(prefix="rt", dir="/tmp"))
     logs = tmp_path_factory.mktemp("ray-logs")
     port = free_port()
     address = f"127.0.0.1:{port}"
-    nodes = [Node(["--head", f"--port={port}", f"--temp-dir={temp}", "--include-dashboard=false"], logs / "head.log")]
+    nodes = [Node(["--head", f"--port={port}", f"--temp-dir={temp}", "--include-dashboard=false"], logs / "head.log",
+                  logs / "head-tmp")]
     try:
         wait_for(nodes[0].started, timeout=120, interval=0.2, what="the Ray head node")
-        nodes.append(Node([f"--address={address}", f"--temp-dir={temp}"], logs / "worker.log"))
+        nodes.append(Node([f"--address={address}", f"--temp-dir={temp}"], logs / "worker.log", logs / "worker-tmp"))
         wait_for(nodes[1].started, timeout=120, interval=0.2, what="the second Ray node")
-        yield address
+        yield Cluster(address, nodes)
     finally:
         for node in reversed(nodes):
             node.stop()
         shutil.rmtree(temp, ignore_errors=True)
 
 
-def ray_server(start_server: Any, address: str, max_failures: int) -> ServerProcess:
-    env = {"FINETUNE_STUDIO_RAY_ADDRESS": address, "FINETUNE_STUDIO_RAY_MAX_FAILURES": str(max_failures)}
+@pytest.fixture(scope="module")
+def ray_cluster(cluster: Cluster) -> str:
+    """The cluster's address."""
+    return cluster.address
+
+
+@pytest.fixture(scope="module")
+def s3() -> Iterator[S3]:
+    with s3_server() as server:
+        yield server
+
+
+def ray_server(start_server: Any, address: str, max_failures: int, **env: str) -> ServerProcess:
+    env = {"FINETUNE_STUDIO_RAY_ADDRESS": address, "FINETUNE_STUDIO_RAY_MAX_FAILURES": str(max_failures), **env}
     return start_server(env=env)  # type: ignore[no-any-return]
 
 
@@ -221,3 +247,67 @@ def test_past_max_failures_the_job_ends_in_error_naming_the_lost_worker(
     assert f"pid {pid}" in final["error"] and "on node " in final["error"]
     assert "max_failures is 0" in final["error"]
     assert final["details"]["last_checkpoint"].endswith("checkpoint-2")
+
+
+def test_with_no_shared_folder_the_files_travel_through_s3(
+    cluster: Cluster, s3: S3, start_server: Any, tiny_model: Path
+) -> None:
+    """ray_storage_path an s3:// URI (a real S3 endpoint): the workers train in their nodes' own
+    temporary folders, every rank uploads its part of each checkpoint, a restarted run fetches
+    the last one from the bucket, and the server finds the results in the job folder for chat."""
+    s3.make_bucket("studio")
+    uri = s3.uri("studio", "cluster")
+    server = ray_server(start_server, cluster.address, max_failures=1, FINETUNE_STUDIO_RAY_STORAGE_PATH=uri, **CREDENTIALS)
+    with server.client() as client:
+        job = client.start(job_request(tiny_model, max_steps=12, save_steps=4, **WORKERS))
+        pid, _ = kill_rank_zero_after(client, job, step=6)
+        events = collect(client, job)
+
+    final = events[-1].data
+    assert final["phase"] == "completed", final
+    assert any("resuming after step 4" in m for m in messages(events)), messages(events)
+    assert [p["step"] for p in progress(events)][-1] == 12
+    assert final["details"]["storage"] == f"s3://studio/cluster/jobs/{job}"
+    # What rank 0 said names the server's paths, not its node's.
+    folder = server.data_dir / "jobs" / job
+    assert final["details"]["adapter_dir"] == str(folder / "adapter")
+    assert final["details"]["model_name"] == str(tiny_model)
+
+    stored = s3.files("studio", f"cluster/jobs/{job}")
+    for step in (4, 8, 12):
+        part = f"cluster/jobs/{job}/checkpoints/checkpoint-{step}"
+        # Both ranks' parts (each wrote its own RNG state on its own node), and the marker written after them.
+        assert {f"{part}/rng_state_0.pth", f"{part}/rng_state_1.pth", f"{part}/.finetune-studio-stored",
+                f"{part}/trainer_state.json"} <= set(stored), sorted(stored)
+        assert (folder / "checkpoints" / f"checkpoint-{step}" / "rng_state_1.pth").is_file()  # copied to the server
+    assert f"cluster/jobs/{job}/adapter/adapter_model.safetensors" in stored
+    assert (folder / "adapter" / "adapter_model.safetensors").read_bytes() == _object(s3, f"cluster/jobs/{job}/adapter/adapter_model.safetensors")
+    assert Path(json.loads((folder / "job.json").read_text())["base_model"]["location"]).resolve() == tiny_model.resolve()
+    # The inputs went up once (the model folder and the data file) and each node used its own copy.
+    inputs = s3.files("studio", "cluster/inputs")
+    assert any(key.endswith("/config.json") for key in inputs) and any(key.endswith(".jsonl") for key in inputs)
+    for node in cluster.nodes:
+        cache = node.tmp / "finetune-studio-ray"
+        assert list(cache.glob("inputs/*/*/config.json")), f"{node.tmp} has no copy of the model"
+        assert not list(cache.glob(f"runs/{job}-*")), "a worker's scratch folder was left behind"
+    # Ray Train's own run state lives under the same URI.
+    assert s3.files("studio", "cluster/ray")
+
+    # Chat finds the result where it finds a local job's: the real OpenAI SDK, through the server.
+    import openai
+
+    with openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=300) as chat:
+        assert job in [model.id for model in chat.models.list()]
+        answer = chat.chat.completions.create(model=job, messages=[{"role": "user", "content": "Hi"}], max_tokens=4)
+    assert answer.choices[0].finish_reason in ("stop", "length")
+
+
+def _object(s3: S3, key: str) -> bytes:
+    from pyarrow import fs as pafs
+
+    from tests.s3 import credentials
+
+    with credentials():
+        s3fs = pafs.S3FileSystem(endpoint_override=s3.endpoint, scheme="http", region="us-east-1")
+        with s3fs.open_input_stream(f"studio/{key}") as stream:
+            return bytes(stream.read())

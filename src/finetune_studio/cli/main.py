@@ -105,7 +105,7 @@ def _export(args: argparse.Namespace) -> int:
             return 2
         from finetune_studio.cli.export_job import run_export_job
 
-        return run_export_job(args)
+        return run_export_job(args, sys.stdout, sys.stderr)  # as _train: the streams of now
     if not args.merged:
         print("error: name what to export: --gguf QUANTIZATIONS (q4_k_m,q8_0), --lora-gguf, or --merged DIR", file=sys.stderr)
         return 2

@@ -175,7 +175,12 @@ class Scratch:
     @classmethod
     def prepare(cls, store: Store, server_spec: WorkerSpec, rank: int, attempt: int, placed: dict[str, str]) -> Scratch:
         job_id = server_spec.job_id
-        run_dir = node_cache() / "runs" / f"{job_id}-rank{rank}-attempt{attempt}"
+        runs = node_cache() / "runs"
+        for earlier in runs.glob(f"{job_id}-rank*-attempt*"):
+            # A worker of an earlier attempt on this node that was lost before it could clean up.
+            if int(earlier.name.rpartition("-attempt")[2] or 0) < attempt:
+                shutil.rmtree(earlier, ignore_errors=True)
+        run_dir = runs / f"{job_id}-rank{rank}-attempt{attempt}"
         shutil.rmtree(run_dir, ignore_errors=True)
         folder = run_dir / job_id  # the job folder's twin: the recipe writes here
         folder.mkdir(parents=True)
