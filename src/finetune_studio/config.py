@@ -128,9 +128,10 @@ class Settings(BaseSettings):
     )
     ray_storage_path: Optional[str] = Field(
         default=None,
-        description="Where Ray Train keeps each run's state: a folder every node sees at the same path, or a URI pyarrow"
-        " understands (s3://, gs://, hdfs://). Default: <data-dir>/ray. A job's own files (checkpoints, adapter, job.json)"
-        " are written to its job folder, so the data directory must be shared with the nodes too.",
+        description="Where a Ray job's files meet (docs/SCALE-OUT.md, section 5). A folder every node sees (default:"
+        " <data-dir>/ray; the data directory must then be shared with the nodes too), or a URI pyarrow understands"
+        " (s3://, gs://, hdfs://) for nodes that share no folder: the job's local inputs, checkpoints and result travel"
+        " through it, and the driver copies them into the job folder here.",
     )
 
     @field_validator("token")

@@ -176,3 +176,44 @@ def test_a_storage_that_cannot_be_reached_says_what_to_check(tmp_path: Path) -> 
     assert "hush" not in text
     with pytest.raises(StorageError, match="Could not open"):
         Store("nosuchscheme://bucket/x")
+
+
+def test_the_driver_copies_stored_checkpoints_and_the_result_before_it_passes_the_end_on(
+    store: Store, tmp_path: Path
+) -> None:
+    """The relay keeps `stored` lines to itself and copies what they name into the job
+    folder; the end of the job reaches the server only once the result is here."""
+    import io
+
+    from finetune_studio.ray_train.driver import Mirror, Relay
+    from finetune_studio.training.channel import Channel, StopSignal
+
+    scratch, folder = tmp_path / "node" / "j1", tmp_path / "data" / "jobs" / "j1"
+    write(scratch, {"checkpoints/checkpoint-2/trainer_state.json": b"{}", "adapter/adapter_model.safetensors": b"w"})
+    storage.put_checkpoint_part(store, "j1", scratch / "checkpoints" / "checkpoint-2")
+    store.mark("jobs/j1/checkpoints/checkpoint-2")
+
+    out = io.StringIO()
+    relay = Relay(out, Channel(io.StringIO(), StopSignal()), {}, max_failures=0)
+    relay.mirror = Mirror(store, "j1", folder)
+    relay.line(1, json.dumps({"type": "stored", "checkpoint": "checkpoint-2"}), sink=None)
+    relay.line(1, json.dumps({"type": "stored", "checkpoint": "../../elsewhere"}), sink=None)  # not a checkpoint name: ignored
+    relay.mirror.settle()
+    assert (folder / "checkpoints" / "checkpoint-2" / "trainer_state.json").is_file()
+    assert out.getvalue() == ""  # the server never hears of them
+
+    storage.put_outputs(store, "j1", scratch, PathMap([]))
+    end = {"type": "status", "phase": "completed", "message": "done", "details": {"adapter_dir": str(folder / "adapter")}}
+    relay.line(1, json.dumps(end), sink=None)
+    assert (folder / "adapter" / "adapter_model.safetensors").read_bytes() == b"w"
+    relayed = json.loads(out.getvalue())
+    assert relayed["phase"] == "completed" and "warnings" not in relayed["details"]
+
+    # A result that cannot be copied: the end still comes, and says where the files are.
+    other = Relay(io.StringIO(), Channel(io.StringIO(), StopSignal()), {}, max_failures=0)
+    other.mirror = Mirror(store, "j2", tmp_path / "data" / "jobs" / "j2")
+    other.mirror.checkpoint("checkpoint-9")  # never stored
+    other.line(1, json.dumps({**end, "details": {}}), sink=None)
+    said = json.loads(other.events.getvalue())  # type: ignore[attr-defined]
+    assert said["phase"] == "completed"
+    assert any("checkpoint-9 stays at the job storage only" in w for w in said["details"]["warnings"])

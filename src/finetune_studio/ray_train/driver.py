@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import sys
 import traceback
@@ -45,7 +44,7 @@ from finetune_studio.ray_train.storage import (
     upload_inputs,
 )
 from finetune_studio.schemas import Phase, TrainingStartRequest
-from finetune_studio.training.channel import Channel, StopSignal
+from finetune_studio.training.channel import Channel, StopSignal, open_child_wire
 from finetune_studio.wire import JobFolder, WorkerSpec
 
 # How long one pull on the sink waits for a line: the longest a stop waits to be passed on.
@@ -239,14 +238,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--storage", required=True, help="Ray Train's storage_path (a shared folder or a URI)")
     args = parser.parse_args(argv)
 
-    # Keep stdout for messages only: anything a library prints goes to the log.
-    events = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1, encoding="utf-8")
-    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
-
-    stop = StopSignal()
-    spec = WorkerSpec.from_line(sys.stdin.readline())
-    channel = Channel(events, stop)
-    stop.listen(sys.stdin)
+    spec, channel, stop, events = open_child_wire()
     facts: dict[str, Any] = {"output_dir": str(spec.output_dir)}
     try:
         request = TrainingStartRequest.model_validate(spec.request)
