@@ -4,6 +4,7 @@ here wrote), reached through pyarrow's own S3 client as a user's bucket would be
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -60,6 +61,7 @@ def credentials() -> Iterator[None]:
 @contextlib.contextmanager
 def s3_server() -> Iterator[S3]:
     moto_server = pytest.importorskip("moto.server", reason="the S3 tests need moto[server] (finetune-studio[test])")
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # not a line per request
     server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     try:

@@ -311,3 +311,22 @@ def _object(s3: S3, key: str) -> bytes:
         s3fs = pafs.S3FileSystem(endpoint_override=s3.endpoint, scheme="http", region="us-east-1")
         with s3fs.open_input_stream(f"studio/{key}") as stream:
             return bytes(stream.read())
+
+
+def test_a_storage_the_server_cannot_write_ends_the_job_saying_what_to_check(
+    ray_cluster: str, s3: S3, start_server: Any, tiny_model: Path
+) -> None:
+    """No credentials on the server's machine: the driver's upload of the inputs is refused, and
+    the job ends at once with storage_unavailable naming the URI (without its query) and what to check."""
+    s3.make_bucket("locked")
+    env = {"FINETUNE_STUDIO_RAY_STORAGE_PATH": s3.uri("locked", "studio"), "AWS_EC2_METADATA_DISABLED": "true",
+           "AWS_ACCESS_KEY_ID": "", "AWS_SECRET_ACCESS_KEY": "", "AWS_CONFIG_FILE": "/nonexistent", "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent"}
+    server = ray_server(start_server, ray_cluster, max_failures=0, **env)
+    with server.client() as client:
+        job = client.start(job_request(tiny_model, **WORKERS))
+        events = collect(client, job)
+    final = events[-1].data
+    assert final["phase"] == "error" and final["details"]["error_code"] == "storage_unavailable", final
+    assert "s3://locked/studio" in final["error"] and "credentials" in final["error"]
+    assert "endpoint_override" not in final["error"]
+    assert not [p for p in phases(events) if p == "training"]

@@ -132,3 +132,30 @@ def test_workers_are_refused_by_a_server_without_ray(
 def test_the_driver_says_its_first_status_before_it_imports_ray() -> None:
     # The server hears "Connecting to the Ray cluster" at once; ray (and torch, in the workers) come after.
     assert loaded_by(["finetune_studio.ray_train.driver", "finetune_studio.ray_train.sink"], HEAVY + WEB) == []
+
+
+# Ray 2.60's words when Ray Train's controller could not create the run's folder in its
+# storage (the nodes had no credentials for the bucket), cut from a job's worker.log.
+CONTROLLER_DIED = """\
+ray.exceptions.RayTaskError(ActorDiedError): ray::run_fit() (pid=28525, ip=192.0.2.2)
+  File "/work/main/src/finetune_studio/ray_train/driver.py", line 85, in run_fit
+    trainer.fit()
+ray.exceptions.ActorDiedError: The actor died because of an error raised in its creation task, ray::TrainController.__init__() (pid=28579)
+  File ".../ray/train/v2/_internal/execution/storage.py", line 438, in _create_validation_file
+    self.storage_filesystem.create_dir(self.experiment_fs_path)
+  File "pyarrow/error.pxi", line 92, in pyarrow.lib.check_status
+OSError: When creating key 'studio/' in bucket 'bench': AWS Error ACCESS_DENIED during PutObject operation: No response body.
+"""
+
+
+def test_a_controller_that_died_as_it_started_is_told_by_its_own_cause() -> None:
+    """Not "a worker was lost": no worker ever started; the storage's error is the cause."""
+    from finetune_studio.ray_train.driver import controller_failure
+
+    assert controller_failure(CONTROLLER_DIED) == (
+        "OSError: When creating key 'studio/' in bucket 'bench': AWS Error ACCESS_DENIED during PutObject operation: No response body.")
+    assert controller_failure(CONTROLLER_DIED.replace("OSError: When", "  (nothing)")) == (
+        "ray.exceptions.ActorDiedError: The actor died because of an error raised in its creation task, ray::TrainController.__init__() (pid=28579)")
+    # A worker's death is not the controller's.
+    assert controller_failure("ray.exceptions.ActorDiedError: The actor died unexpectedly before finishing this task.\n"
+                              "class_name: RayTrainWorker") is None

@@ -99,6 +99,7 @@ class Relay:
     terminal: Optional[str] = None
     restarts: list[str] = field(default_factory=list)
     mirror: Optional[Mirror] = None  # when the job's files travel through a URI
+    storage: str = ""  # Ray Train's storage_path
 
     def say(self, phase: Phase, message: str, **details: Any) -> None:
         self.phase = phase
@@ -193,6 +194,16 @@ class Mirror:
         if self.problems and isinstance(details, dict):
             details["warnings"] = [*details.get("warnings", []), *self.problems]
         self.problems = []
+
+
+def controller_failure(text: str) -> Optional[str]:
+    """When Ray Train's controller failed as it was created (before any worker: it first checks
+    the run's storage), the last error line of its traceback; otherwise None."""
+    if "TrainController.__init__" not in text:
+        return None
+    causes = [line.strip() for line in text.splitlines() if re.match(r"(\w+\.)*\w+(Error|Exception): ", line.strip())]
+    own = [line for line in causes if not line.startswith(("ray.exceptions.", "RayTaskError"))] or causes
+    return own[-1] if own else "an error as it started (the job's worker.log has it)"
 
 
 def where(worker: dict[str, Any]) -> str:
@@ -297,6 +308,7 @@ def drive(relay: Relay, spec: WorkerSpec, request: TrainingStartRequest, resourc
         relay.mirror = Mirror(store, spec.job_id, spec.output_dir)
         relay.facts["storage"] = join(redacted(args.storage), "jobs", spec.job_id)
         ray_storage = join(args.storage, "ray")
+    relay.storage = ray_storage
     fit = ray.remote(num_cpus=0, max_retries=0)(run_fit)
     ref = fit.remote(config, request.num_workers, resources, ray_storage, spec.job_id, args.max_failures)
 
@@ -363,6 +375,17 @@ def failed(relay: Relay, spec: WorkerSpec, exc: BaseException, sink: Any) -> int
         details["last_checkpoint"] = str(checkpoint)
     if relay.restarts:
         details["restarts"] = list(relay.restarts)
+    text = "".join(traceback.format_exception(exc))
+    cause = controller_failure(text)
+    if cause is not None and relay.attempt == 1 and not ray.get(sink.workers.remote()):
+        relay.channel.status(
+            "error", "Training failed",
+            error=f"Ray Train could not start the run on the cluster: {cause}. It keeps the run's state in"
+            f" {redacted(relay.storage)} first: check that the nodes can write there (for a URI, credentials in the"
+            " environment each node's `ray start` was given; docs/SCALE-OUT.md, section 5).",
+            details={**details, "error_code": "storage_unavailable" if cause.startswith("OSError") else "training_failed"},
+        )
+        return 1
     lost = lost_workers(ray.get(sink.workers.remote()), relay.attempt)
     failures = ray.get(sink.failures.remote())
     if failures and not lost:  # a worker's own error (when one is lost, the others' errors follow from it)

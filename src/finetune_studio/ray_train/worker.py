@@ -178,7 +178,8 @@ class Scratch:
         runs = node_cache() / "runs"
         for earlier in runs.glob(f"{job_id}-rank*-attempt*"):
             # A worker of an earlier attempt on this node that was lost before it could clean up.
-            if int(earlier.name.rpartition("-attempt")[2] or 0) < attempt:
+            number = earlier.name.rpartition("-attempt")[2]
+            if number.isdigit() and int(number) < attempt:
                 shutil.rmtree(earlier, ignore_errors=True)
         run_dir = runs / f"{job_id}-rank{rank}-attempt{attempt}"
         shutil.rmtree(run_dir, ignore_errors=True)
