@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import pytest
 from fastapi.testclient import TestClient
@@ -70,6 +70,32 @@ def test_system_reads_the_driver_files(tmp_path: Path, monkeypatch: pytest.Monke
     assert [gpu.name for gpu in info.gpus] == ["NVIDIA H200"]
     assert info.cuda is True
     assert info.recommended.load_in_4bit is info.bitsandbytes
+
+
+def test_system_says_whether_jobs_run_on_a_ray_cluster(client: TestClient, tmp_path: Path) -> None:
+    assert client.get("/system").json()["ray"] is None  # jobs train here: the page offers no cluster fields
+    # The default storage is a folder under the data directory: nothing travels through a URI.
+    settings = Settings(data_dir=tmp_path / "ray-data", ray_address="ray://head:10001", ray_max_failures=3)
+    with TestClient(create_app(settings, launcher=InstantLauncher())) as ray_client:
+        assert ray_client.get("/system").json()["ray"] == {"address": "ray://head:10001", "max_failures": 3, "storage": None}
+
+
+@pytest.mark.parametrize(
+    ("path", "shown"),
+    [
+        ("s3://AKIAKEY:s3cr3t@bucket/runs?endpoint_override=http%3A%2F%2F127.0.0.1%3A9000&secret_key=x", "s3://bucket/runs"),
+        ("gs://bucket/studio/", "gs://bucket/studio/"),
+        ("file:///mnt/shared/ray", None),
+        ("/mnt/shared/ray", None),
+    ],
+)
+def test_systems_storage_is_shown_without_keys_or_query(tmp_path: Path, path: str, shown: Optional[str]) -> None:
+    settings = Settings(data_dir=tmp_path / "data", ray_address="auto", ray_storage_path=path)
+    with TestClient(create_app(settings, launcher=InstantLauncher())) as client:
+        answer = client.get("/system")
+    assert answer.status_code == 200
+    assert answer.json()["ray"]["storage"] == shown
+    assert "s3cr3t" not in answer.text and "AKIAKEY" not in answer.text and "endpoint_override" not in answer.text
 
 
 def test_system_wants_the_token(tmp_path: Path) -> None:

@@ -35,7 +35,9 @@ function renderError(box, status, stopError) {
 }
 
 function renderWarnings(box, details) {
-  const warnings = Array.isArray(details.warnings) ? details.warnings : [];
+  // A Ray run's restarts are warnings too; the cluster line (cluster.js) lists them already.
+  const restarts = new Set(Array.isArray(details.restarts) ? details.restarts : []);
+  const warnings = (Array.isArray(details.warnings) ? details.warnings : []).filter((warning) => !restarts.has(warning));
   box.hidden = warnings.length === 0;
   if (!warnings.length) return;
   const key = JSON.stringify(warnings);

@@ -92,6 +92,10 @@ async function main() {
   }
 
   const form = new StartForm(document.getElementById("start-form"), { onStarted: started });
+  // /system answers 401 until the token is entered: ask again then (the Cluster fields, the machine's note).
+  window.addEventListener("studio:token", () => {
+    form.refreshSystem().catch((error) => console.warn("could not read /system", error));
+  });
   const uploads = new Uploads(document.getElementById("start-form"));
   // The dataset preview (inspect.js): re-read as the data fields change.
   watchDatasetFields(document.getElementById("start-form"), document.getElementById("data-preview"));

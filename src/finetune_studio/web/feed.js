@@ -17,6 +17,7 @@ export class JobFeed {
     this.historyLoaded = false;
     this.status = null; // the latest TrainingStatus
     this.firstStatus = null; // the queued status: it names the model
+    this.cluster = null; // the latest status details that carried `ray` (a run on a Ray cluster)
     this.phasesSeen = [];
     this.phaseStarts = new Map(); // phase -> its first status's details.time (null: not stamped)
     this.steps = []; // distinct steps, ascending
@@ -84,6 +85,7 @@ export class JobFeed {
       const status = event.data;
       if (!this.firstStatus) this.firstStatus = status;
       this.status = status;
+      if (status.details && status.details.ray) this.cluster = status.details;
       if (!this.phasesSeen.includes(status.phase)) {
         this.phasesSeen.push(status.phase);
         const time = status.details ? status.details.time : null;

@@ -7,7 +7,8 @@
 /**
  * kind: int | float | text | secret | bool | select | lines (one per line) | csv (a
  * comma list) | json (an object or a list, as JSON). `methods`: shown only for these
- * training methods. `options`: a select's values (else the request model's enum).
+ * training methods. `cluster`: shown only when the server runs jobs on a Ray cluster
+ * (/system's `ray`). `options`: a select's values (else the request model's enum).
  * `suggest`: values offered in a datalist.
  */
 export const FIELDS = [
@@ -74,6 +75,10 @@ export const FIELDS = [
   { name: "trust_remote_code", label: "Trust the model's own code", kind: "bool", group: "Model and LoRA" },
   { name: "model_local_path", label: "Local model folder", kind: "text", group: "Model and LoRA", hint: "Loads from here instead of Model." },
   { name: "hf_token", label: "Hub token", kind: "secret", group: "Model and LoRA", hint: "Sent once, never stored." },
+
+  // Advanced: cluster (a server started with --ray-address only)
+  { name: "num_workers", label: "Workers", kind: "int", group: "Cluster", cluster: true, hint: "Data-parallel workers on the Ray cluster. Global batch = batch size × gradient accumulation × workers." },
+  { name: "resources_per_worker", label: "Resources per worker", kind: "json", group: "Cluster", cluster: true, hint: 'JSON, e.g. {"CPU": 2, "GPU": 1}; empty: {"CPU": 1}.' },
 
   // Advanced: logging
   { name: "enable_tensorboard", label: "TensorBoard", kind: "bool", group: "Logging" },
@@ -172,6 +177,7 @@ function buildField(field, enums) {
   const wrap = element("div", { class: field.kind === "bool" ? "field field-check" : "field" });
   wrap.dataset.field = field.name;
   if (field.methods) wrap.dataset.methods = field.methods.join(" ");
+  if (field.cluster) wrap.dataset.cluster = "";
   const id = `f-${field.name}`;
   const testid = `field-${field.name}`;
   let control;
@@ -224,6 +230,8 @@ export function buildAdvanced(container, known, enums) {
   const sets = [];
   for (const [group, fields] of groups) {
     const set = element("fieldset", { class: "group" });
+    // The whole group is hidden with its fields (showClusterFields in form.js).
+    if (fields.every((field) => field.cluster)) set.dataset.clusterGroup = "";
     set.append(element("legend", {}, group));
     const grid = element("div", { class: "grid-adv" });
     for (const field of fields) grid.append(buildField(field, enums));

@@ -1,7 +1,8 @@
 // The start form: the whole training request (fields.js: the common fields first,
 // the rest under "Advanced"), with defaults from the server's request model
 // (/openapi.json) and from the machine (/system: no 4-bit loading or 8-bit
-// optimizer where CUDA cannot do them). Mistakes are shown beside their field, in
+// optimizer where CUDA cannot do them; the Cluster fields only where jobs run on a
+// Ray cluster, as only such a server takes them). Mistakes are shown beside their field, in
 // the field's words: a number field refuses letters as they are typed, and the
 // server's refusal (400 naming `field`, or 422 with `loc`) lands at the field too.
 
@@ -134,7 +135,28 @@ export class StartForm {
       if (field && field.title === "" && !(field instanceof RadioNodeList)) field.title = text;
     }
     this.renderSystem();
+    this.showClusterFields();
     this.fill(false);
+  }
+
+  /**
+   * Ask /system again when the first answer was missing (a 401 before the token was
+   * entered): the machine's note and the Cluster fields appear; what was typed stays.
+   */
+  async refreshSystem() {
+    if (this.system) return;
+    this.system = await api("system").catch(() => null);
+    this.renderSystem();
+    this.showClusterFields();
+  }
+
+  /** Whether jobs run on a Ray cluster (/system's `ray`): only then are the Cluster fields shown and sent. */
+  get onCluster() {
+    return Boolean(this.system && this.system.ray);
+  }
+
+  showClusterFields() {
+    for (const el of this.form.querySelectorAll("[data-cluster], [data-cluster-group]")) el.hidden = !this.onCluster;
   }
 
   /** The machine in one line, and why 4-bit loading and the 8-bit optimizer are off. */
@@ -153,6 +175,7 @@ export class StartForm {
         ? " bitsandbytes is not installed, so 4-bit loading and the 8-bit optimizer are off."
         : " 4-bit loading and the 8-bit optimizer need CUDA, so they are off.";
     }
+    if (s.ray) text += ` Jobs train on the Ray cluster at ${s.ray.address}.`;
     note.textContent = text;
     note.hidden = false;
   }
@@ -211,6 +234,7 @@ export class StartForm {
       this.setValue(field, request[field.name]);
       const value = request[field.name];
       const fallback = this.defaultOf(field.name);
+      if (field.cluster && !this.onCluster) continue; // hidden, and not sent: nothing to open Advanced for
       if (!field.common && JSON.stringify(value ?? null) !== JSON.stringify(fallback ?? null)) advanced = true;
     }
     this.carried = Object.fromEntries(
@@ -219,6 +243,9 @@ export class StartForm {
     this.advanced.open = advanced;
     this.showMethodFields();
     const lines = [note];
+    if (!this.onCluster && (request.num_workers > 1 || request.resources_per_worker)) {
+      lines.push("That run asked for Ray workers; this server trains on this machine alone, so it runs in one process here.");
+    }
     if (secrets.length) lines.push(`Enter ${secrets.map(fieldLabel).join(" and ")} again: secrets are never stored.`);
     this.resultBox.textContent = lines.filter(Boolean).join(" ");
     this.form.scrollIntoView({ block: "start" });

@@ -1,11 +1,13 @@
 // The job view: which run is shown (and which is overlaid), their feeds, the Stop
 // button, and one render per animation frame that draws the parts: the header
-// (jobhead.js), the phase timeline (timeline.js), progress tiles (progress.js),
-// error/warning/output panels (alerts.js), charts (runcharts.js), the compare
+// (jobhead.js), a Ray run's cluster line (cluster.js), the phase timeline
+// (timeline.js), progress tiles (progress.js), error/warning/output panels
+// (alerts.js), charts (runcharts.js), the compare
 // select (compare.js) and the stream state (streamstate.js).
 
 import { api, ApiError } from "./api.js";
 import { renderAlerts } from "./alerts.js";
+import { renderCluster } from "./cluster.js";
 import { CompareSelect } from "./compare.js";
 import { EvalSamples } from "./evalsamples.js";
 import { ExportPanel } from "./export.js";
@@ -128,6 +130,9 @@ export class JobView {
     const feed = this.feed;
     if (!feed) return;
     renderHeader(this.root, feed, this.jobs);
+    const listed = this.jobs.statusOf(feed.jobId);
+    const listedDetails = listed && listed.details && listed.details.ray ? listed.details : null;
+    renderCluster(this.root.querySelector("#job-cluster"), feed.status || listed, feed.cluster || listedDetails);
     this.timeline.render(feed);
     this.progress.render(feed);
     renderAlerts(this.root, feed.status, this.stopError);

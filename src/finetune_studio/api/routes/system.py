@@ -11,6 +11,10 @@ changes while the server runs.
 `recommended` is what the start form should ask for here: no 4-bit loading and no
 8-bit optimizer where CUDA and bitsandbytes are not both present (the training
 child would fall back and warn about options the user never chose).
+
+`ray` says whether jobs run on a Ray cluster (the server's settings, not the
+machine): the page offers `num_workers` and `resources_per_worker` only then.
+Nothing of Ray is imported to say so.
 """
 
 from __future__ import annotations
@@ -23,9 +27,13 @@ import shutil
 from importlib import metadata
 from pathlib import Path
 from typing import Optional
+from urllib.parse import urlsplit, urlunsplit
 
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, Field
+
+from finetune_studio.api.deps import studio_of
+from finetune_studio.config import Settings
 
 router = APIRouter(prefix="/system", tags=["system"])
 
@@ -46,6 +54,18 @@ class Recommended(BaseModel):
     optim: str
 
 
+class RayInfo(BaseModel):
+    """The Ray cluster this server runs training jobs on."""
+
+    address: str = Field(description="The cluster's address as the server was given it (`auto`, ray://HOST:10001, HOST:6379).")
+    max_failures: int = Field(description="Times Ray Train restarts a job from its last checkpoint after losing a worker.")
+    storage: Optional[str] = Field(
+        default=None,
+        description="The URI a job's files travel through (without keys or query), when the setting is one; null: a"
+        " folder every node shares.",
+    )
+
+
 class SystemInfo(BaseModel):
     platform: str = Field(description="The operating system and machine, e.g. Linux x86_64.")
     python: str
@@ -62,6 +82,11 @@ class SystemInfo(BaseModel):
     bitsandbytes: bool = Field(description="bitsandbytes is installed (4-bit loading, 8-bit optimizers).")
     versions: dict[str, Optional[str]] = Field(description="Installed versions of the training libraries (null: absent).")
     recommended: Recommended
+    ray: Optional[RayInfo] = Field(
+        default=None,
+        description="The Ray cluster training jobs run on (num_workers and resources_per_worker are taken only then);"
+        " null: jobs train in a process on this machine.",
+    )
 
 
 def _version(name: str) -> Optional[str]:
@@ -128,6 +153,24 @@ def _torch_cuda() -> Optional[str]:
     return f"cu{found.group(1)}" if found else "cuda"
 
 
+def shown_uri(uri: str) -> str:
+    """A storage URI fit to show: `user:key@` and the query (an endpoint, perhaps keys) left out."""
+    split = urlsplit(uri)
+    return urlunsplit((split.scheme, split.netloc.rpartition("@")[2], split.path, "", ""))
+
+
+def ray_info(settings: Settings) -> Optional[RayInfo]:
+    """The cluster from the settings; null without one."""
+    if not settings.ray_address:
+        return None
+    path = settings.ray_storage_path
+    # The rule of ray_train/storage.py's is_uri (which the server may not import): a
+    # folder (the default, a shared mount, file://) is no URI; "s3://..." and the like are.
+    scheme = urlsplit(path).scheme if path else ""
+    storage = shown_uri(path) if path and "://" in path and len(scheme) > 1 and scheme != "file" else None
+    return RayInfo(address=settings.ray_address, max_failures=settings.ray_max_failures, storage=storage)
+
+
 def detect() -> SystemInfo:
     """Look at the machine (a few small file reads and metadata look-ups)."""
     total, available = _memory()
@@ -158,10 +201,13 @@ def detect() -> SystemInfo:
 @router.get("")
 async def system_info(request: Request) -> SystemInfo:
     """This machine for training: CPUs, memory, GPUs and CUDA, bitsandbytes, library
-    versions, and the request defaults that suit it (`recommended`). Found once, then kept."""
+    versions, the request defaults that suit it (`recommended`), and the Ray cluster jobs
+    run on (`ray`, null without one). Found once, then kept."""
     state = request.app.state
     cached: Optional[SystemInfo] = getattr(state, "system_info", None)
     if cached is None:
         # Metadata look-ups read many small files: off the event loop.
-        cached = state.system_info = await asyncio.to_thread(detect)
+        found = await asyncio.to_thread(detect)
+        found.ray = ray_info(studio_of(request).settings)
+        cached = state.system_info = found
     return cached
