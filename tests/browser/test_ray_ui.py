@@ -58,6 +58,8 @@ class RayHandle(ScriptedHandle):
             async for message in super().messages():
                 yield message
             return
+        self.spec.output_dir.mkdir(parents=True, exist_ok=True)
+        self.log_path.write_text("scripted Ray driver\n")
         resources = request.get("resources_per_worker") or {"CPU": 1.0}
         facts: dict[str, Any] = {
             "model_name": request["model_name"],
@@ -74,6 +76,7 @@ class RayHandle(ScriptedHandle):
         # A long URI, as object stores' are: the line must cut it, not widen the page.
         facts["storage"] = f"s3://a-bucket-with-a-long-name-for-training-runs/studio/{'deep/' * 8}jobs/{self.spec.job_id}"
         yield status("loading_dataset", "Read 1 file: 1 row (alpaca), 0 bad rows", **facts)
+        yield status("configuring", "Preparing the trainer on 2 workers", **facts)
         after = {**facts, "restarts": [RESTART], "warnings": [RESTART, OTHER_WARNING]}
         yield status("training", "Training for 20 steps", total_steps=20, **after)
         for step in range(1, 6):
@@ -189,6 +192,7 @@ def test_the_run_view_shows_a_ray_jobs_workers_wait_restarts_and_storage(
         assert page.get_by_test_id("cluster-restart-count").inner_text() == "0 of at most 2"
         assert page.get_by_test_id("cluster-storage").count() == 0  # the files travel through no URI yet
         assert page.get_by_test_id("cluster-restarts").count() == 0
+        assert_fits(page, "ray-waiting")
 
         studio.launcher.held.set()
         page.wait_for_function("window.__studio.phase() === 'completed'", timeout=30 * SECOND)
@@ -201,6 +205,7 @@ def test_the_run_view_shows_a_ray_jobs_workers_wait_restarts_and_storage(
         # The restart is a warning too, but said once: in the cluster line.
         warnings = page.get_by_test_id("job-warnings").inner_text()
         assert OTHER_WARNING in warnings and RESTART not in warnings and "1 warning" in warnings
+        assert_fits(page, "ray-run")
         page.set_viewport_size(PHONE)
         assert_fits(page, "ray-run")
         assert cluster.is_visible()
