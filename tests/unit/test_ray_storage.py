@@ -45,12 +45,14 @@ def write(root: Path, files: dict[str, bytes]) -> Path:
 
 
 def test_uri_or_folder() -> None:
-    assert storage.is_uri("s3://bucket/prefix") and storage.is_uri("gs://b") and storage.is_uri("hdfs://host:9000/x")
+    from finetune_studio.uris import is_uri, join, redacted
+
+    assert is_uri("s3://bucket/prefix") and is_uri("gs://b") and is_uri("hdfs://host:9000/x")
     for folder in ("/shared/ray", "relative/ray", "file:///shared/ray", "C:\\ray"):
-        assert not storage.is_uri(folder), folder
+        assert not is_uri(folder), folder
     uri = "s3://b/p?endpoint_override=127.0.0.1:9&scheme=http"
-    assert storage.join(uri, "jobs", "j1") == "s3://b/p/jobs/j1?endpoint_override=127.0.0.1:9&scheme=http"
-    assert storage.redacted(uri) == "s3://b/p" and storage.redacted("s3://key:hush@b/p") == "s3://b/p"
+    assert join(uri, "jobs", "j1") == "s3://b/p/jobs/j1?endpoint_override=127.0.0.1:9&scheme=http"
+    assert redacted(uri) == "s3://b/p" and redacted("s3://key:hush@b/p") == "s3://b/p"
 
 
 def test_a_tree_goes_up_and_comes_down_byte_for_byte(store: Store, tmp_path: Path) -> None:

@@ -38,13 +38,11 @@ from finetune_studio.ray_train.storage import (
     Store,
     get_checkpoint,
     get_outputs,
-    is_uri,
-    join,
-    redacted,
     upload_inputs,
 )
 from finetune_studio.schemas import Phase, TrainingStartRequest
 from finetune_studio.training.channel import Channel, StopSignal, open_child_wire
+from finetune_studio.uris import is_uri, join, redacted
 from finetune_studio.wire import JobFolder, WorkerSpec
 
 # How long one pull on the sink waits for a line: the longest a stop waits to be passed on.

@@ -34,32 +34,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
-from urllib.parse import urlsplit, urlunsplit
+
+from finetune_studio.uris import join, redacted
 
 # The marker of a complete folder (written last, never copied down).
 STORED = ".finetune-studio-stored"
 CHUNK = 8 << 20
-
-
-def is_uri(location: str) -> bool:
-    """Whether `location` is a URI (s3://...) rather than a folder. file:// names a folder:
-    outputs then go to the job folder as with any folder."""
-    scheme = urlsplit(location).scheme
-    return "://" in location and len(scheme) > 1 and scheme != "file"
-
-
-def join(uri: str, *parts: str) -> str:
-    """`uri` with path parts added before its query (`?endpoint_override=...` stays at the end)."""
-    split = urlsplit(uri)
-    path = "/".join([split.path.rstrip("/"), *(p.strip("/") for p in parts)])
-    return urlunsplit((split.scheme, split.netloc, path, split.query, split.fragment))
-
-
-def redacted(uri: str) -> str:
-    """The URI as words for a message: without keys (`user:secret@` before the bucket) or its query."""
-    split = urlsplit(uri)
-    netloc = split.netloc.rpartition("@")[2]
-    return urlunsplit((split.scheme, netloc, split.path, "", ""))
 
 
 class StorageError(Exception):

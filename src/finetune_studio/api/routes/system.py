@@ -27,13 +27,13 @@ import shutil
 from importlib import metadata
 from pathlib import Path
 from typing import Optional
-from urllib.parse import urlsplit, urlunsplit
 
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, Field
 
 from finetune_studio.api.deps import studio_of
 from finetune_studio.config import Settings
+from finetune_studio.uris import is_uri, redacted
 
 router = APIRouter(prefix="/system", tags=["system"])
 
@@ -153,21 +153,13 @@ def _torch_cuda() -> Optional[str]:
     return f"cu{found.group(1)}" if found else "cuda"
 
 
-def shown_uri(uri: str) -> str:
-    """A storage URI fit to show: `user:key@` and the query (an endpoint, perhaps keys) left out."""
-    split = urlsplit(uri)
-    return urlunsplit((split.scheme, split.netloc.rpartition("@")[2], split.path, "", ""))
-
-
 def ray_info(settings: Settings) -> Optional[RayInfo]:
     """The cluster from the settings; null without one."""
     if not settings.ray_address:
         return None
     path = settings.ray_storage_path
-    # The rule of ray_train/storage.py's is_uri (which the server may not import): a
-    # folder (the default, a shared mount, file://) is no URI; "s3://..." and the like are.
-    scheme = urlsplit(path).scheme if path else ""
-    storage = shown_uri(path) if path and "://" in path and len(scheme) > 1 and scheme != "file" else None
+    # A folder (the default, a shared mount, file://) is shown as nothing; a URI without its keys.
+    storage = redacted(path) if path and is_uri(path) else None
     return RayInfo(address=settings.ray_address, max_failures=settings.ray_max_failures, storage=storage)
 
 
