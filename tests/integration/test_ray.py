@@ -10,7 +10,10 @@ adapter, and its losses are those of a 1-worker job with the same global batch (
 second job also waits for the cluster's resources in Ray's queue, and says so); a
 stop ends `stopped` with a checkpoint saved by every rank; a killed worker makes Ray
 Train restart from the last checkpoint and finish (max_failures 1), or ends the job
-`error` naming the lost worker (max_failures 0).
+`error` naming the lost worker (max_failures 0); a stop sent while the run restarts
+ends it after one step of the new attempt; a job through a Ray Client address
+(`ray://`, the head node's client server) streams its steps and stops; and the job's
+files travel through an s3:// URI when the nodes share no folder.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import math
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -73,16 +77,14 @@ class Node:
             started = psutil.Process(self.process.pid).children(recursive=True)
         except psutil.NoSuchProcess:
             started = []
-        for signum, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
-            try:
-                os.killpg(self.process.pid, signum)
-            except ProcessLookupError:
-                break
-            try:
-                self.process.wait(wait)
-                break
-            except subprocess.TimeoutExpired:
-                continue
+        # SIGTERM to `ray start` alone: it drains the node and stops its processes in order (~2 s).
+        # Sent to the whole group at once, it also ends the GCS that drain asks, which then waits ~30 s.
+        self.process.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(30)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)  # what is left of the group
+        self.process.wait(10)
         for process in started:
             with contextlib.suppress(psutil.NoSuchProcess):
                 process.kill()
@@ -93,6 +95,13 @@ class Node:
 class Cluster:
     address: str
     nodes: list[Node]
+    client_address: str  # the head node's Ray Client server: ray://127.0.0.1:PORT
+
+
+def listening(port: int) -> bool:
+    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+        return True
+    return False
 
 
 @pytest.fixture(scope="module")
@@ -100,15 +109,17 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     """A 2-node cluster (1 CPU each) on 127.0.0.1; each node has a temporary directory of its own."""
     temp = Path(tempfile.mkdtemp(prefix="rt", dir="/tmp"))
     logs = tmp_path_factory.mktemp("ray-logs")
-    port = free_port()
+    port, client_port = free_port(), free_port()
     address = f"127.0.0.1:{port}"
-    nodes = [Node(["--head", f"--port={port}", f"--temp-dir={temp}", "--include-dashboard=false"], logs / "head.log",
-                  logs / "head-tmp")]
+    # A Ray Client server port of its own: with ray[client] installed the head takes 10001 unless told.
+    nodes = [Node(["--head", f"--port={port}", f"--ray-client-server-port={client_port}", f"--temp-dir={temp}",
+                   "--include-dashboard=false"], logs / "head.log", logs / "head-tmp")]
     try:
         wait_for(nodes[0].started, timeout=120, interval=0.2, what="the Ray head node")
+        wait_for(lambda: listening(client_port), timeout=60, interval=0.2, what="the head node's Ray Client server")
         nodes.append(Node([f"--address={address}", f"--temp-dir={temp}"], logs / "worker.log", logs / "worker-tmp"))
         wait_for(nodes[1].started, timeout=120, interval=0.2, what="the second Ray node")
-        yield Cluster(address, nodes)
+        yield Cluster(address, nodes, f"ray://127.0.0.1:{client_port}")
     finally:
         for node in reversed(nodes):
             node.stop()
@@ -232,6 +243,34 @@ def test_a_killed_worker_is_restarted_from_the_last_checkpoint(ray_cluster: str,
     assert (Path(final["details"]["adapter_dir"]) / "adapter_model.safetensors").is_file()
 
 
+def test_a_stop_while_the_run_restarts_ends_it_after_one_step_of_the_new_attempt(
+    ray_cluster: str, start_server: Any, tiny_model: Path
+) -> None:
+    """The stop arrives right after rank 0 is killed, while Ray Train starts the workers again:
+    the new attempt's first step is its last (the sink's first decision for it is `stop`), and
+    it saves that step with every rank's part and the adapter. It never trains on to the step
+    the lost attempt had reached."""
+    server = ray_server(start_server, ray_cluster, max_failures=1)
+    with server.client() as client:
+        job = client.start(job_request(tiny_model, max_steps=2000, save_steps=4, **WORKERS))
+        pid, _ = kill_rank_zero_after(client, job, step=6)
+        client.stop(job)
+        events = collect(client, job)
+
+    final = events[-1].data
+    assert final["phase"] == "stopped", final
+    restart = next(i for i, e in enumerate(events) if e.kind == "status" and e.data["message"].startswith("A worker was lost"))
+    assert f"pid {pid}" in events[restart].data["message"]
+    assert any("resuming after step 4" in m for m in messages(events[restart:])), messages(events)
+    # Steps 5 and on were trained, and streamed, before the kill; the new attempt trains at most step 5 again.
+    assert [p["step"] for p in progress(events[restart:])] == [5]
+    checkpoint = last_checkpoint(server.data_dir / "jobs" / job)
+    assert checkpoint is not None and checkpoint.name == "checkpoint-5"
+    assert {p.name for p in checkpoint.glob("rng_state_*.pth")} == {"rng_state_0.pth", "rng_state_1.pth"}
+    assert (Path(final["details"]["adapter_dir"]) / "adapter_model.safetensors").is_file()
+    assert final["details"]["restarts"] == [events[restart].data["message"]]
+
+
 def test_past_max_failures_the_job_ends_in_error_naming_the_lost_worker(
     ray_cluster: str, start_server: Any, tiny_model: Path
 ) -> None:
@@ -330,3 +369,31 @@ def test_a_storage_the_server_cannot_write_ends_the_job_saying_what_to_check(
     assert "s3://locked/studio" in final["error"] and "credentials" in final["error"]
     assert "endpoint_override" not in final["error"]
     assert not [p for p in phases(events) if p == "training"]
+
+
+def test_through_ray_client_a_job_streams_its_steps_and_a_stop_saves(
+    cluster: Cluster, start_server: Any, tiny_model: Path
+) -> None:
+    """A `ray://` address (the head node's Ray Client server): the driver is a Ray Client, the
+    job streams one event per step, and a stop ends it `stopped` with every rank's part of
+    its last checkpoint and the adapter."""
+    server = ray_server(start_server, cluster.client_address, max_failures=0)
+    with server.client() as client:
+        job = client.start(job_request(tiny_model, max_steps=2000, save_steps=0, **WORKERS))
+        for event in client.stream(job):
+            if event.kind == "progress" and event.data["step"] >= 3:
+                break
+        client.stop(job)
+        events = collect(client, job)
+
+    final = events[-1].data
+    assert final["phase"] == "stopped", final
+    assert [e.id for e in events] == list(range(1, len(events) + 1))
+    assert f"Connecting to the Ray cluster at {cluster.client_address}" in messages(events)
+    assert final["details"]["ray"]["address"] == cluster.client_address
+    steps = [p["step"] for p in progress(events)]
+    assert steps == list(range(1, steps[-1] + 1)) and 3 <= steps[-1] < 2000
+    checkpoint = last_checkpoint(server.data_dir / "jobs" / job)
+    assert checkpoint is not None and checkpoint.name == f"checkpoint-{steps[-1]}"
+    assert {p.name for p in checkpoint.glob("rng_state_*.pth")} == {"rng_state_0.pth", "rng_state_1.pth"}
+    assert (Path(final["details"]["adapter_dir"]) / "adapter_model.safetensors").is_file()

@@ -1,5 +1,5 @@
 """The Ray scale-out's parts that run without a cluster: the sink's order and stop
-decisions, the driver's relay of a restarted run, the settings, the launcher's
+decisions and how it reads a worker's death, the driver's relay of a restarted run, the settings, the launcher's
 command line, and the refusal of workers on a server without Ray.
 
 The cluster itself (real Ray, real training) is tests/integration/test_ray.py.
@@ -72,6 +72,31 @@ def test_workers_count_their_attempts_by_rank() -> None:
         return [await sink.register(0, {}), await sink.register(1, {}), await sink.register(1, {}), await sink.register(0, {})]
 
     assert asyncio.run(run()) == [1, 1, 2, 2]
+
+
+def test_the_sink_reads_why_each_worker_actor_died(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The driver asks the sink (inside the cluster: the actor table is not served through Ray
+    Client) and tells a lost worker (WORKER_DIED) from one Ray Train ended (RAY_KILL)."""
+    common = pytest.importorskip("ray.core.generated.common_pb2", reason="needs finetune-studio[ray]")
+    import ray._private.state
+
+    reason = common.ActorDiedErrorContext.Reason
+
+    def died(why: str) -> Any:
+        return common.ActorDeathCause(actor_died_error_context=common.ActorDiedErrorContext(reason=reason.Value(why)))
+
+    table = {"lost": {"State": "DEAD", "DeathCause": died("WORKER_DIED")},
+             "ended": {"State": "DEAD", "DeathCause": died("RAY_KILL")},
+             "alive": {"State": "ALIVE", "DeathCause": common.ActorDeathCause()}}
+
+    def actors(actor_id: str) -> dict[str, Any]:
+        if actor_id not in table:
+            raise KeyError(actor_id)
+        return table[actor_id]
+
+    monkeypatch.setattr(ray._private.state, "actors", actors)
+    reasons = asyncio.run(EventSink().death_reasons(["lost", "ended", "alive", "unknown"]))
+    assert reasons == {"lost": "WORKER_DIED", "ended": "RAY_KILL", "alive": "", "unknown": ""}
 
 
 def status(phase: str, message: str = "m") -> str:

@@ -141,7 +141,7 @@ class Relay:
     def restarted(self, sink: Any) -> None:
         import ray
 
-        lost = lost_workers(ray.get(sink.workers.remote()), self.attempt - 1)
+        lost = lost_workers(ray.get(sink.workers.remote()), self.attempt - 1, sink)
         what = f"A worker was lost ({lost})" if lost else "A worker was lost"
         restart = self.attempt - 1
         note = (f"{what}; Ray Train restarted the run (restart {restart} of at most {self.max_failures})"
@@ -208,35 +208,25 @@ def where(worker: dict[str, Any]) -> str:
     return f"worker {worker.get('rank')} on node {worker.get('node_ip')} (node id {str(worker.get('node_id'))[:12]}, pid {worker.get('pid')})"
 
 
-def lost_workers(workers: list[dict[str, Any]], attempt: int) -> str:
+def lost_workers(workers: list[dict[str, Any]], attempt: int, sink: Any) -> str:
     """The workers of `attempt` that died on their own, as words ('' when none can be named).
 
     When one worker dies Ray Train ends the others itself; the one whose process or
-    node went away is told apart by the cause the cluster recorded for its actor."""
+    node went away is told apart by the cause the cluster recorded for its actor,
+    which the sink reads inside the cluster (the actor table is not served through
+    Ray Client, where the driver may run)."""
     import ray
 
     alive_nodes = {node["NodeID"] for node in ray.nodes() if node.get("Alive")}
+    mine = [w for w in workers if w.get("attempt") == attempt]
+    reasons: dict[str, str] = ray.get(sink.death_reasons.remote([str(w.get("actor_id")) for w in mine]))
     gone = []
-    for worker in (w for w in workers if w.get("attempt") == attempt):
+    for worker in mine:
         if str(worker.get("node_id")) not in alive_nodes:
             gone.append(f"{where(worker)}: its node left the cluster")
-            continue
-        info = _actor_info(str(worker.get("actor_id")))
-        cause = info.get("DeathCause") if info.get("State") == "DEAD" else None
-        context = getattr(cause, "actor_died_error_context", None)
-        if context is not None and type(context).Reason.Name(context.reason) in LOST_REASONS:
+        elif reasons.get(str(worker.get("actor_id"))) in LOST_REASONS:
             gone.append(where(worker))
     return "; ".join(gone)
-
-
-def _actor_info(actor_id: str) -> dict[str, Any]:
-    """The cluster's record of an actor (a developer API of Ray's), or {} when it cannot be read."""
-    from ray._private.state import actors
-
-    try:
-        return dict(actors(actor_id))
-    except Exception:  # noqa: BLE001 - a table that cannot be read names nothing
-        return {}
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -384,7 +374,7 @@ def failed(relay: Relay, spec: WorkerSpec, exc: BaseException, sink: Any) -> int
             details={**details, "error_code": "storage_unavailable" if cause.startswith("OSError") else "training_failed"},
         )
         return 1
-    lost = lost_workers(ray.get(sink.workers.remote()), relay.attempt)
+    lost = lost_workers(ray.get(sink.workers.remote()), relay.attempt, sink)
     failures = ray.get(sink.failures.remote())
     if failures and not lost:  # a worker's own error (when one is lost, the others' errors follow from it)
         last = failures[-1]

@@ -8,7 +8,9 @@
   the end of that step: all ranks leave the training loop at the same step, which
   is what keeps DDP's collectives from hanging.
 - The workers of each attempt register where they run (node, pid), which names a
-  lost worker in the stream.
+  lost worker in the stream; the sink also reads, for the driver, why a worker's
+  actor died (the cluster's actor table cannot be read through Ray Client, where
+  the driver may run: a `ray://` address).
 
 It asks for no CPU (`num_cpus=0` where it is created): on a small cluster a
 coordinating actor that takes a CPU takes it from the training workers.
@@ -50,6 +52,13 @@ class EventSink:
     async def failures(self) -> list[dict[str, Any]]:
         return list(self._failures)
 
+    async def death_reasons(self, actor_ids: list[str]) -> dict[str, str]:
+        """Why each of these actors died, as the cluster recorded it: the name of its
+        ActorDiedErrorContext.Reason (WORKER_DIED, NODE_DIED, RAY_KILL, ...), or "" while it
+        is alive or when its record cannot be read. Asked here, inside the cluster, because
+        the actor table (a developer API of Ray's) is not served through Ray Client."""
+        return {actor_id: death_reason(actor_id) for actor_id in actor_ids}
+
     async def push(self, attempt: int, seq: int, line: str) -> None:
         early = self._early.setdefault(attempt, {})
         early[seq] = line
@@ -81,3 +90,17 @@ class EventSink:
         """Whether training stops after `step`: decided by the first rank that asks,
         and the same answer for every other rank of the attempt."""
         return self._decisions.setdefault((attempt, step), self._stop)
+
+
+def death_reason(actor_id: str) -> str:
+    """One actor's recorded cause of death (see EventSink.death_reasons)."""
+    from ray._private.state import actors
+
+    try:
+        info = dict(actors(actor_id))
+    except Exception:  # noqa: BLE001 - a table that cannot be read names nothing
+        return ""
+    context = getattr(info.get("DeathCause"), "actor_died_error_context", None)
+    if info.get("State") != "DEAD" or context is None:
+        return ""
+    return str(type(context).Reason.Name(context.reason))
