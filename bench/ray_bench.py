@@ -48,6 +48,7 @@ def start_cluster(temp: Path) -> tuple[str, subprocess.Popen[bytes]]:
     process = subprocess.Popen(
         [str(Path(sys.executable).with_name("ray")), "start", "--head", "--block", "--node-ip-address=127.0.0.1",
          f"--port={port}", "--num-cpus=2", f"--temp-dir={temp}", "--include-dashboard=false", "--disable-usage-stats",
+         f"--ray-client-server-port={free_port()}",
          f"--dashboard-agent-listen-port={free_port()}"],
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         env={**os.environ, **CREDENTIALS},  # for --storage: the nodes reach the bucket with these

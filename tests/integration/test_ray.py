@@ -62,7 +62,9 @@ class Node:
                 [RAY, "start", "--block", "--node-ip-address=127.0.0.1", "--num-cpus=1", "--disable-usage-stats",
                  f"--dashboard-agent-listen-port={free_port()}", *args],
                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                env={**os.environ, **CREDENTIALS, "TMPDIR": str(tmp)},
+                # No drain on SIGTERM: at the end nothing is left to drain, but Ray Train's detached
+                # helper actor would hold the head's drain for its whole 30 s timeout.
+                env={**os.environ, **CREDENTIALS, "TMPDIR": str(tmp), "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"},
             )
 
     def started(self) -> bool:
@@ -77,8 +79,8 @@ class Node:
             started = psutil.Process(self.process.pid).children(recursive=True)
         except psutil.NoSuchProcess:
             started = []
-        # SIGTERM to `ray start` alone: it drains the node and stops its processes in order (~2 s).
-        # Sent to the whole group at once, it also ends the GCS that drain asks, which then waits ~30 s.
+        # SIGTERM to `ray start` alone: it stops the node's processes in order (~2 s). Sent to the
+        # whole group at once, it also ends the GCS under `ray start`, which then waits for it ~30 s.
         self.process.terminate()
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.process.wait(30)
@@ -206,6 +208,34 @@ def test_a_stop_ends_stopped_with_a_checkpoint_from_every_rank(ray_cluster: str,
     checkpoint = last_checkpoint(server.data_dir / "jobs" / job)
     assert checkpoint is not None and checkpoint.name == f"checkpoint-{steps[-1]}"
     # Both ranks left the loop after the same step and saved their part of it.
+    assert {p.name for p in checkpoint.glob("rng_state_*.pth")} == {"rng_state_0.pth", "rng_state_1.pth"}
+    assert (Path(final["details"]["adapter_dir"]) / "adapter_model.safetensors").is_file()
+
+
+def test_through_ray_client_a_job_streams_its_steps_and_a_stop_saves(
+    cluster: Cluster, start_server: Any, tiny_model: Path
+) -> None:
+    """A `ray://` address (the head node's Ray Client server): the driver is a Ray Client, the
+    job streams one event per step, and a stop ends it `stopped` with every rank's part of
+    its last checkpoint and the adapter."""
+    server = ray_server(start_server, cluster.client_address, max_failures=0)
+    with server.client() as client:
+        job = client.start(job_request(tiny_model, max_steps=2000, save_steps=0, **WORKERS))
+        for event in client.stream(job):
+            if event.kind == "progress" and event.data["step"] >= 3:
+                break
+        client.stop(job)
+        events = collect(client, job)
+
+    final = events[-1].data
+    assert final["phase"] == "stopped", final
+    assert [e.id for e in events] == list(range(1, len(events) + 1))
+    assert f"Connecting to the Ray cluster at {cluster.client_address}" in messages(events)
+    assert final["details"]["ray"]["address"] == cluster.client_address
+    steps = [p["step"] for p in progress(events)]
+    assert steps == list(range(1, steps[-1] + 1)) and 3 <= steps[-1] < 2000
+    checkpoint = last_checkpoint(server.data_dir / "jobs" / job)
+    assert checkpoint is not None and checkpoint.name == f"checkpoint-{steps[-1]}"
     assert {p.name for p in checkpoint.glob("rng_state_*.pth")} == {"rng_state_0.pth", "rng_state_1.pth"}
     assert (Path(final["details"]["adapter_dir"]) / "adapter_model.safetensors").is_file()
 
@@ -369,31 +399,3 @@ def test_a_storage_the_server_cannot_write_ends_the_job_saying_what_to_check(
     assert "s3://locked/studio" in final["error"] and "credentials" in final["error"]
     assert "endpoint_override" not in final["error"]
     assert not [p for p in phases(events) if p == "training"]
-
-
-def test_through_ray_client_a_job_streams_its_steps_and_a_stop_saves(
-    cluster: Cluster, start_server: Any, tiny_model: Path
-) -> None:
-    """A `ray://` address (the head node's Ray Client server): the driver is a Ray Client, the
-    job streams one event per step, and a stop ends it `stopped` with every rank's part of
-    its last checkpoint and the adapter."""
-    server = ray_server(start_server, cluster.client_address, max_failures=0)
-    with server.client() as client:
-        job = client.start(job_request(tiny_model, max_steps=2000, save_steps=0, **WORKERS))
-        for event in client.stream(job):
-            if event.kind == "progress" and event.data["step"] >= 3:
-                break
-        client.stop(job)
-        events = collect(client, job)
-
-    final = events[-1].data
-    assert final["phase"] == "stopped", final
-    assert [e.id for e in events] == list(range(1, len(events) + 1))
-    assert f"Connecting to the Ray cluster at {cluster.client_address}" in messages(events)
-    assert final["details"]["ray"]["address"] == cluster.client_address
-    steps = [p["step"] for p in progress(events)]
-    assert steps == list(range(1, steps[-1] + 1)) and 3 <= steps[-1] < 2000
-    checkpoint = last_checkpoint(server.data_dir / "jobs" / job)
-    assert checkpoint is not None and checkpoint.name == f"checkpoint-{steps[-1]}"
-    assert {p.name for p in checkpoint.glob("rng_state_*.pth")} == {"rng_state_0.pth", "rng_state_1.pth"}
-    assert (Path(final["details"]["adapter_dir"]) / "adapter_model.safetensors").is_file()

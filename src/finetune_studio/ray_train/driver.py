@@ -339,7 +339,7 @@ def drive(relay: Relay, spec: WorkerSpec, request: TrainingStartRequest, resourc
         if relay.terminal is None:
             return failed(relay, spec, exc, sink)
     if relay.terminal is not None:
-        return 0 if relay.terminal == "completed" else 1
+        return 1 if relay.terminal == "error" else 0  # as the training child: a stop is no failure
     if stop.is_set() or cancelled:
         relay.channel.status(
             "stopped", f"Stopped during {relay.phase} ({stop.reason}); nothing was trained",
