@@ -190,12 +190,15 @@ def test_two_workers_train_as_one_with_the_same_global_batch(ray_cluster: str, s
 
 def test_a_stop_ends_stopped_with_a_checkpoint_from_every_rank(ray_cluster: str, start_server: Any, tiny_model: Path) -> None:
     server = ray_server(start_server, ray_cluster, max_failures=0)
+    stop_after_step_three(server, tiny_model)
+
+
+def stop_after_step_three(server: ServerProcess, model: Path) -> list[Any]:
+    """Start a long 2-worker job, stop it once step 3 is trained, and check that it ended
+    `stopped` with a checkpoint of its last step from every rank, and its adapter; its events."""
     with server.client() as client:
-        job = client.start(job_request(tiny_model, max_steps=2000, save_steps=0, **WORKERS))
-        stream = client.stream(job)
-        seen = []
-        for event in stream:
-            seen.append(event)
+        job = client.start(job_request(model, max_steps=2000, save_steps=0, **WORKERS))
+        for event in client.stream(job):
             if event.kind == "progress" and event.data["step"] >= 3:
                 break
         client.stop(job)
@@ -204,12 +207,13 @@ def test_a_stop_ends_stopped_with_a_checkpoint_from_every_rank(ray_cluster: str,
     final = events[-1].data
     assert final["phase"] == "stopped", final
     steps = [p["step"] for p in progress(events)]
-    assert steps == list(range(1, steps[-1] + 1)) and steps[-1] < 2000
+    assert steps == list(range(1, steps[-1] + 1)) and 3 <= steps[-1] < 2000
     checkpoint = last_checkpoint(server.data_dir / "jobs" / job)
     assert checkpoint is not None and checkpoint.name == f"checkpoint-{steps[-1]}"
     # Both ranks left the loop after the same step and saved their part of it.
     assert {p.name for p in checkpoint.glob("rng_state_*.pth")} == {"rng_state_0.pth", "rng_state_1.pth"}
     assert (Path(final["details"]["adapter_dir"]) / "adapter_model.safetensors").is_file()
+    return events
 
 
 def test_through_ray_client_a_job_streams_its_steps_and_a_stop_saves(
@@ -219,48 +223,34 @@ def test_through_ray_client_a_job_streams_its_steps_and_a_stop_saves(
     job streams one event per step, and a stop ends it `stopped` with every rank's part of
     its last checkpoint and the adapter."""
     server = ray_server(start_server, cluster.client_address, max_failures=0)
-    with server.client() as client:
-        job = client.start(job_request(tiny_model, max_steps=2000, save_steps=0, **WORKERS))
-        for event in client.stream(job):
-            if event.kind == "progress" and event.data["step"] >= 3:
-                break
-        client.stop(job)
-        events = collect(client, job)
-
-    final = events[-1].data
-    assert final["phase"] == "stopped", final
+    events = stop_after_step_three(server, tiny_model)
     assert [e.id for e in events] == list(range(1, len(events) + 1))
     assert f"Connecting to the Ray cluster at {cluster.client_address}" in messages(events)
-    assert final["details"]["ray"]["address"] == cluster.client_address
-    steps = [p["step"] for p in progress(events)]
-    assert steps == list(range(1, steps[-1] + 1)) and 3 <= steps[-1] < 2000
-    checkpoint = last_checkpoint(server.data_dir / "jobs" / job)
-    assert checkpoint is not None and checkpoint.name == f"checkpoint-{steps[-1]}"
-    assert {p.name for p in checkpoint.glob("rng_state_*.pth")} == {"rng_state_0.pth", "rng_state_1.pth"}
-    assert (Path(final["details"]["adapter_dir"]) / "adapter_model.safetensors").is_file()
+    assert events[-1].data["details"]["ray"]["address"] == cluster.client_address
 
 
-def kill_rank_zero_after(client: Any, job: str, step: int) -> tuple[int, list[Any]]:
-    """Kill rank 0's process once `step` is trained; (its pid, the events seen)."""
-    seen = []
-    pid = 0
-    for event in client.stream(job):
-        seen.append(event)
-        if event.kind == "status" and event.data["phase"] == "training":
-            pid = int(event.data["details"]["worker_pid"])
-        if event.kind == "progress" and event.data["step"] >= step:
-            break
-    assert pid
-    os.kill(pid, signal.SIGKILL)
-    return pid, seen
+def run_killing_rank_zero(server: ServerProcess, request: dict[str, Any], step: int,
+                          then_stop: bool = False) -> tuple[str, int, list[Any]]:
+    """Start the job, kill rank 0's process once `step` is trained (and, with `then_stop`, ask
+    for a stop right after), and follow the job to its end: (its id, the killed pid, its events)."""
+    with server.client() as client:
+        job = client.start(request)
+        pid = 0
+        for event in client.stream(job):
+            if event.kind == "status" and event.data["phase"] == "training":
+                pid = int(event.data["details"]["worker_pid"])
+            if event.kind == "progress" and event.data["step"] >= step:
+                break
+        assert pid
+        os.kill(pid, signal.SIGKILL)
+        if then_stop:
+            client.stop(job)
+        return job, pid, collect(client, job)
 
 
 def test_a_killed_worker_is_restarted_from_the_last_checkpoint(ray_cluster: str, start_server: Any, tiny_model: Path) -> None:
     server = ray_server(start_server, ray_cluster, max_failures=1)
-    with server.client() as client:
-        job = client.start(job_request(tiny_model, max_steps=30, save_steps=4, **WORKERS))
-        pid, _ = kill_rank_zero_after(client, job, step=6)
-        events = collect(client, job)
+    job, pid, events = run_killing_rank_zero(server, job_request(tiny_model, max_steps=30, save_steps=4, **WORKERS), step=6)
 
     final = events[-1].data
     assert final["phase"] == "completed", final
@@ -281,11 +271,7 @@ def test_a_stop_while_the_run_restarts_ends_it_after_one_step_of_the_new_attempt
     it saves that step with every rank's part and the adapter. It never trains on to the step
     the lost attempt had reached."""
     server = ray_server(start_server, ray_cluster, max_failures=1)
-    with server.client() as client:
-        job = client.start(job_request(tiny_model, max_steps=2000, save_steps=4, **WORKERS))
-        pid, _ = kill_rank_zero_after(client, job, step=6)
-        client.stop(job)
-        events = collect(client, job)
+    job, pid, events = run_killing_rank_zero(server, job_request(tiny_model, max_steps=2000, save_steps=4, **WORKERS), step=6, then_stop=True)
 
     final = events[-1].data
     assert final["phase"] == "stopped", final
@@ -305,10 +291,7 @@ def test_past_max_failures_the_job_ends_in_error_naming_the_lost_worker(
     ray_cluster: str, start_server: Any, tiny_model: Path
 ) -> None:
     server = ray_server(start_server, ray_cluster, max_failures=0)
-    with server.client() as client:
-        job = client.start(job_request(tiny_model, max_steps=2000, save_steps=2, **WORKERS))
-        pid, _ = kill_rank_zero_after(client, job, step=3)
-        events = collect(client, job)
+    job, pid, events = run_killing_rank_zero(server, job_request(tiny_model, max_steps=2000, save_steps=2, **WORKERS), step=3)
 
     final = events[-1].data
     assert final["phase"] == "error", final
@@ -327,10 +310,7 @@ def test_with_no_shared_folder_the_files_travel_through_s3(
     s3.make_bucket("studio")
     uri = s3.uri("studio", "cluster")
     server = ray_server(start_server, cluster.address, max_failures=1, FINETUNE_STUDIO_RAY_STORAGE_PATH=uri, **CREDENTIALS)
-    with server.client() as client:
-        job = client.start(job_request(tiny_model, max_steps=12, save_steps=4, **WORKERS))
-        pid, _ = kill_rank_zero_after(client, job, step=6)
-        events = collect(client, job)
+    job, pid, events = run_killing_rank_zero(server, job_request(tiny_model, max_steps=12, save_steps=4, **WORKERS), step=6)
 
     final = events[-1].data
     assert final["phase"] == "completed", final
