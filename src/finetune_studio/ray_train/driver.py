@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Optional
 
+from finetune_studio.jobs.phases import TERMINAL
 from finetune_studio.ray_train.storage import (
     StorageError,
     Store,
@@ -51,7 +52,6 @@ PULL_SECONDS = 0.25
 ORDER: tuple[Phase, ...] = ("idle", "loading_model", "loading_dataset", "configuring", "training")
 # Phases the job may be told again with new words (jobs/phases.py).
 REPEATABLE: frozenset[str] = frozenset({"loading_model", "training"})
-TERMINAL: frozenset[str] = frozenset({"completed", "error", "stopped"})
 # Why a worker actor died, when it was lost rather than ended by Ray Train (which ends
 # the others with RAY_KILL once one is gone): ActorDiedErrorContext.Reason's names.
 LOST_REASONS = frozenset({"WORKER_DIED", "NODE_DIED"})

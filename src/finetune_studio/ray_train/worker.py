@@ -32,6 +32,7 @@ from typing import IO, Any, Optional, cast
 import ray
 import ray.train
 
+from finetune_studio.jobs.phases import TERMINAL
 from finetune_studio.ray_train.storage import (
     PathMap,
     StorageError,
@@ -209,9 +210,6 @@ class Scratch:
 
     def remove(self) -> None:
         shutil.rmtree(self.run_dir, ignore_errors=True)
-
-
-TERMINAL = frozenset({"completed", "stopped", "error"})
 
 
 class ScratchChannel(Channel):
