@@ -379,3 +379,34 @@ def test_a_storage_the_server_cannot_write_ends_the_job_saying_what_to_check(
     assert "s3://locked/studio" in final["error"] and "credentials" in final["error"]
     assert "endpoint_override" not in final["error"]
     assert not [p for p in phases(events) if p == "training"]
+
+
+def test_a_server_killed_mid_job_ends_the_cluster_run_and_restarts_to_server_restarted(
+    ray_cluster: str, start_server: Any, tiny_model: Path
+) -> None:
+    """DESIGN section 4 on a cluster (the choice documented in SCALE-OUT.md: no re-attach). The
+    server dies with SIGKILL: its driver child sees its stdin close and stops the run (every rank
+    saves after the same step); the restarted server ends the job `server_restarted`, naming
+    its last checkpoint, which holds every rank's part."""
+    server = ray_server(start_server, ray_cluster, max_failures=0)
+    with server.client() as client:
+        job = client.start(job_request(tiny_model, max_steps=2000, save_steps=2, **WORKERS))
+        for event in client.stream(job):
+            if event.kind == "progress" and event.data["step"] >= 3:
+                break
+    folder = server.data_dir / "jobs" / job
+
+    def driver_running() -> bool:
+        return any(f"--job-id {job}" in " ".join(p.info["cmdline"] or []) for p in psutil.process_iter(["cmdline"]))
+
+    assert driver_running()
+    server.kill()
+    wait_for(lambda: not driver_running(), timeout=120, what="the orphaned Ray driver to stop its run and exit")
+    server.start()
+    with server.client() as client:
+        final = collect(client, job)[-1].data
+    assert final["phase"] == "error" and final["details"]["error_code"] == "server_restarted", final
+    checkpoint = Path(final["details"]["last_checkpoint"])
+    assert checkpoint.parent == folder / "checkpoints" and str(checkpoint) in final["error"]
+    assert {p.name for p in checkpoint.glob("rng_state_*.pth")} == {"rng_state_0.pth", "rng_state_1.pth"}
+    assert (folder / "adapter" / "adapter_model.safetensors").is_file()

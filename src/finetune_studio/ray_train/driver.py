@@ -135,8 +135,14 @@ class Relay:
                 if self.restarts:
                     details["restarts"] = list(self.restarts)
             text = json.dumps(message, separators=(",", ":"), allow_nan=False)
-        self.events.write(text + "\n")
-        self.events.flush()
+        try:
+            self.events.write(text + "\n")
+            self.events.flush()
+        except (BrokenPipeError, OSError, ValueError):
+            # The server went away (its stdin listener sets the stop too). Keep relaying into
+            # nothing until the run ends: leaving now would end the run with this Ray client,
+            # before the ranks save what the stop asks for (as Channel does for a local child).
+            pass
 
     def restarted(self, sink: Any) -> None:
         import ray
