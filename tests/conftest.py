@@ -8,6 +8,9 @@ Tests of the server alone script a worker in-process instead (`ScriptedWorker`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import errno
+import os
 import subprocess
 import sys
 import time
@@ -155,3 +158,58 @@ def wait_for(predicate: Any, timeout: float = 120, interval: float = 0.05, what:
 
 def phases(events: list[StreamEvent]) -> list[str]:
     return [e.data["phase"] for e in events if e.kind == "status"]
+
+
+class SmallDisk:
+    """A tmpfs of a few MiB mounted at `path`: a disk that a test can fill (`fill`) and
+    free again (`free`), so that every write under it fails with ENOSPC in between."""
+
+    FILLER = ".filler"
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def free_bytes(self) -> int:
+        info = os.statvfs(self.path)
+        return info.f_bavail * info.f_frsize
+
+    def fill(self) -> None:
+        """Take every free byte (the filler grows until the kernel says ENOSPC)."""
+        chunk = b"\0" * (64 * 1024)
+        with open(self.path / self.FILLER, "ab", buffering=0) as filler:
+            for size in (len(chunk), 4096, 1):
+                try:
+                    while True:
+                        filler.write(chunk[:size])
+                except OSError as exc:
+                    if exc.errno != errno.ENOSPC:
+                        raise
+        assert self.free_bytes() == 0
+
+    def free(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            (self.path / self.FILLER).unlink()
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[SmallDisk]:
+    """A 16 MiB tmpfs to fill (tests run as root here and in CI: `mount -t tmpfs` works);
+    skipped, saying why, where it cannot be mounted. Unmounted at teardown."""
+    point = tmp_path / "small-disk"
+    point.mkdir()
+    try:
+        mounted = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=16M", "tmpfs", str(point)], capture_output=True, text=True, timeout=30
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        pytest.skip(f"a small tmpfs cannot be mounted here ({exc}): the disk-full tests need mount and root")
+    if mounted.returncode != 0:
+        pytest.skip(
+            f"a small tmpfs cannot be mounted here (mount said: {mounted.stderr.strip() or mounted.returncode}):"
+            " the disk-full tests need root, or CAP_SYS_ADMIN"
+        )
+    try:
+        yield SmallDisk(point)
+    finally:
+        if subprocess.run(["umount", str(point)], capture_output=True, timeout=30).returncode != 0:
+            subprocess.run(["umount", "-l", str(point)], capture_output=True, timeout=30)  # still busy: detach it

@@ -22,6 +22,15 @@ untrusted there.
 
 Progress events hold numbers only (the seed's model fixes their fields), so they
 need no bound. Plain Python: the server and the children import it.
+
+What a request may name is bounded here too, once for every route:
+
+- every integer a request names that reaches SQLite (an event id, a cursor's
+  number, a step) is at most MAX_SQL_INTEGER, SQLite's largest integer (past it,
+  the driver raises OverflowError: a 500); `cursor_number` reads a cursor's
+  number within it, whatever its length (Python refuses to read more than 4,300
+  digits at all);
+- a page of a list (`limit`) holds at most MAX_PAGE_ITEMS.
 """
 
 from __future__ import annotations
@@ -43,6 +52,22 @@ MAX_ITEMS = 100
 _MIN_CHARS, _NOTE_BYTES = 40, 30
 # A shrunk map or list keeps only as many items as get this many bytes each.
 _MIN_SHARE = 64
+# SQLite's integers are signed 64-bit: no id, cursor or step a request names may be larger.
+MAX_SQL_INTEGER = 2**63 - 1
+# The most items one page of a list answers (`limit`).
+MAX_PAGE_ITEMS = 10_000
+
+
+def cursor_number(digits: str) -> Optional[int]:
+    """The number `digits` (decimal digits only) spells, or None when it is past
+    MAX_SQL_INTEGER (checked by length first: a megabyte of digits is never parsed)."""
+    if not digits.isdigit() or not digits.isascii():
+        return None
+    digits = digits.lstrip("0") or "0"
+    if len(digits) > len(str(MAX_SQL_INTEGER)):
+        return None
+    number = int(digits)
+    return number if number <= MAX_SQL_INTEGER else None
 
 
 def excerpt(text: str, limit: int) -> str:

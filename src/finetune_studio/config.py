@@ -58,6 +58,20 @@ def token_problem(token: str) -> Optional[str]:
     return None
 
 
+def server_name(entry: str) -> str:
+    """An entry of FINETUNE_STUDIO_SERVER_NAMES as the Host check compares it: lower case,
+    an IPv6 address without brackets; a scheme, port or path is refused, saying so."""
+    name = entry.strip().lower()
+    if name.startswith("[") and name.endswith("]"):
+        name = name[1:-1]
+    if not name or name.count(":") == 1 or any(char in name for char in "/[]@ \t\r\n"):
+        raise ValueError(
+            f"FINETUNE_STUDIO_SERVER_NAMES: {entry!r} is not a host name; list names only, without a scheme, port or"
+            " path (studio.lan, 192.168.1.5, fd00::1), separated by commas"
+        )
+    return name
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="FINETUNE_STUDIO_", extra="ignore")
 
@@ -101,6 +115,14 @@ class Settings(BaseSettings):
             "Folders that every model, dataset and output path of a request must lie under. When empty, any path"
             " may be named on loopback, and only paths under the data directory when the server is exposed."
             " In the environment: folders separated by ':' (or a JSON list)."
+        ),
+    )
+    server_names: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description=(
+            "Host names a loopback server answers besides 127.0.0.1, [::1], localhost and *.localhost (a request"
+            " addressed to any other name gets 421: a web page's DNS rebinding). An exposed server checks no name."
+            " In the environment: names separated by ',' (or a JSON list)."
         ),
     )
     max_request_bytes: int = Field(default=1 * MiB, ge=1024, description="Largest request body accepted (413 beyond).")
@@ -161,6 +183,21 @@ class Settings(BaseSettings):
                 return json.loads(text)
             return [part for part in text.split(os.pathsep) if part.strip()]
         return value
+
+    @field_validator("server_names", mode="before")
+    @classmethod
+    def _split_names(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            text = value.strip()
+            if text.startswith("["):
+                return json.loads(text)
+            return [part for part in text.split(",") if part.strip()]
+        return value
+
+    @field_validator("server_names")
+    @classmethod
+    def _names_are_host_names(cls, names: list[str]) -> list[str]:
+        return [server_name(name) for name in names]
 
     @property
     def db_path(self) -> Path:

@@ -11,11 +11,13 @@
     +-- PastLastEvent                (416) a Last-Event-ID beyond the job's last event
     +-- InspectionBusy               (429) as many dataset inspections running as the server allows
     +-- InspectionFailed             (503) a dataset inspection's process died or ran out of time
+    +-- StorageFailed                (507 disk full, 503 otherwise) a write of the server's own failed
     +-- ChatError                    (OpenAI's error shape, under /v1/)
     |   +-- ModelNotFound            (404) no model, or a job with nothing to serve yet
     |   +-- InvalidChatRequest       (400) a bad parameter, named by `param`
     |   +-- InferenceUnavailable     (503) the inference process died or could not start
     |   +-- InvalidFile              (400) an uploaded file unfit for its purpose, naming its bad lines
+    |   |   +-- FileTooLarge         (413) an uploaded file over max_file_bytes
     |   +-- FileNotFound             (404) no stored file has this id
     |   +-- NotPausable              (409) pause or resume asked of a job in a phase that has none
     +-- UnsafeSettings               (never answered: the server refuses to start)
@@ -92,6 +94,19 @@ class InspectionFailed(StudioError):
     status_code = 503
 
 
+class StorageFailed(StudioError):
+    """A write of the server's (its database, an upload, a job's folder) failed for a
+    reason outside the request: `error_code` (finetune_studio.failures) says which, the
+    message what to do. A full disk is 507 Insufficient Storage; anything else 503. Answered with
+    `x-should-retry: false`: a client's blind retry (the openai SDK retries every 5xx)
+    would only send the same bytes again to a disk that cannot take them."""
+
+    def __init__(self, error_code: str, message: str) -> None:
+        super().__init__(message)
+        self.error_code = error_code  # disk_full | storage_unavailable
+        self.status_code = 507 if error_code == "disk_full" else 503
+
+
 class UnsafeSettings(StudioError):
     """Settings that would expose the server to the network without protection."""
 
@@ -139,6 +154,21 @@ class InvalidFile(InvalidChatRequest):
     message names the bad lines, `param` the form field (`file` or `purpose`)."""
 
     code = "invalid_file"
+
+
+class FileTooLarge(InvalidFile):
+    """An upload over `max_file_bytes` (413), however it was noticed: by its declared
+    length, by the body's size as it is read, or by the file's as it is copied."""
+
+    status_code = 413
+    code = "file_too_large"
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(
+            f"the file is over this server's limit of {limit} bytes per file (the operator sets it with"
+            " FINETUNE_STUDIO_MAX_FILE_BYTES); split the file",
+            param="file",
+        )
 
 
 class FileNotFound(ChatError):

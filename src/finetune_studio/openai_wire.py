@@ -11,14 +11,17 @@ names them. This module holds no logic beyond field validation.
 
 from __future__ import annotations
 
-from typing import Any, Literal, Optional, Union
+from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
+from finetune_studio.paths import name_problem
 from finetune_studio.text import refuse_invalid_text
 
 OWNED_BY = "finetune-studio"
+# The longest id a request may name (a file's is 29 characters: file- and 24 hex digits).
+MAX_ID_CHARS = 128
 # OpenAI takes at most 4 stop sequences; a few more cost nothing here.
 MAX_STOP_SEQUENCES = 16
 FinishReason = Literal["stop", "length"]
@@ -263,11 +266,20 @@ class Hyperparameters(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    n_epochs: Union[Auto, int] = Field(default="auto", description="Passes over the training file (auto: 3).")
-    batch_size: Union[Auto, int] = Field(default="auto", description="Rows per optimizer step (auto: 1).")
+    # Strict: a whole number is a JSON integer, never `true` (which pydantic would read as 1).
+    n_epochs: Union[Auto, StrictInt] = Field(default="auto", description="Passes over the training file (auto: 3).")
+    batch_size: Union[Auto, StrictInt] = Field(default="auto", description="Rows per optimizer step (auto: 1).")
     learning_rate_multiplier: Union[Auto, float] = Field(
         default="auto", description="Scales the base learning rate, 2e-4 for LoRA (auto: 1)."
     )
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_booleans(cls, value: Any) -> Any:
+        # `true` is no number (pydantic's lax mode reads it as 1 or 1.0).
+        if isinstance(value, bool):
+            raise PydanticCustomError("number_type", 'must be "auto" or a number, not true or false', {})
+        return value
 
     @field_validator("n_epochs", "batch_size")
     @classmethod
@@ -310,10 +322,11 @@ class Method(BaseModel):
 
 
 class WandbIntegration(BaseModel):
-    project: str = Field(min_length=1)
-    name: Optional[str] = None
-    entity: Optional[str] = None
-    tags: Optional[list[str]] = None
+    # W&B's own limits: names of at most 128 characters, tags of at most 64.
+    project: str = Field(min_length=1, max_length=128)
+    name: Optional[str] = Field(default=None, max_length=128)
+    entity: Optional[str] = Field(default=None, max_length=128)
+    tags: Optional[list[Annotated[str, Field(max_length=64)]]] = Field(default=None, max_length=64)
 
 
 class Integration(BaseModel):
@@ -327,13 +340,15 @@ class FineTuningJobRequest(BaseModel):
 
     model_config = ConfigDict(extra="ignore", protected_namespaces=())
 
-    model: str = Field(min_length=1)
-    training_file: str = Field(min_length=1, description="A file id from POST /v1/files (purpose fine-tune).")
-    validation_file: Optional[str] = None
+    model: str = Field(min_length=1, description="A local model folder, a .gguf file or a hub id.")
+    training_file: str = Field(
+        min_length=1, max_length=MAX_ID_CHARS, description="A file id from POST /v1/files (purpose fine-tune)."
+    )
+    validation_file: Optional[str] = Field(default=None, max_length=MAX_ID_CHARS)
     hyperparameters: Optional[Hyperparameters] = Field(default=None, description="OpenAI's older place for them.")
     method: Optional[Method] = None
     suffix: Optional[str] = Field(default=None, max_length=64, pattern=r"^[A-Za-z0-9_.-]*$")
-    seed: Optional[int] = Field(default=None, ge=0, le=2**31 - 1)
+    seed: Optional[StrictInt] = Field(default=None, ge=0, le=2**31 - 1)
     metadata: Optional[dict[str, str]] = None
     integrations: Optional[list[Integration]] = None
 
@@ -341,6 +356,14 @@ class FineTuningJobRequest(BaseModel):
     @classmethod
     def _valid_unicode(cls, data: Any) -> Any:
         return refuse_invalid_text(cls.__name__, data)
+
+    @field_validator("model")
+    @classmethod
+    def _a_name_a_machine_can_have(cls, value: str) -> str:
+        problem = name_problem(value)
+        if problem:
+            raise PydanticCustomError("name_too_long", "{problem}", {"problem": problem})
+        return value
 
     @field_validator("metadata")
     @classmethod

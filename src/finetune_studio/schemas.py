@@ -556,8 +556,19 @@ class JobList(BaseModel):
     count: int
 
 
+class StoreProblem(BaseModel):
+    """Why the server's last write to its data dir failed (`/health` while degraded)."""
+
+    error_code: Literal["disk_full", "storage_unavailable"]
+    message: str
+
+
 class Health(BaseModel):
-    status: Literal["ok"] = "ok"
+    """`ok`; or `degraded` while the server's writes to its data dir fail (a full disk,
+    a read-only file system): it keeps serving what it can and retries on its own."""
+
+    status: Literal["ok", "degraded"] = "ok"
+    store: Optional[StoreProblem] = None
 
 
 # -- exports (DESIGN.md section 8) ---------------------------------------------

@@ -15,17 +15,14 @@ The wire of a local child:
 The job folder (`<data-dir>/jobs/<id>/`, `JobFolder`): `worker.log`, `job.json`
 (the base model and method, for export), `checkpoints/checkpoint-N`, and the
 result: `adapter/` (LoRA) or `model/` (full fine-tuning). A result folder is
-written as `.NAME.partial` and renamed (`save_atomically`), so it is complete or
-absent.
+written as `.NAME.partial` and renamed (`atomic.save_atomically`), so it is complete
+or absent.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import shutil
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Optional, TypedDict, Union
@@ -135,39 +132,37 @@ class JobFolder:
     def last_checkpoint(self) -> Optional[Path]:
         return last_checkpoint(self.root)
 
+    def remove_partial_checkpoints(self) -> list[Path]:
+        """Remove every checkpoint folder written only in part (a save that a full disk or
+        a crash cut short: no readable trainer_state.json), and say which. For a child
+        whose training ended in error: nothing writes to the folder any more."""
+        removed = []
+        for path in self.checkpoints.glob("checkpoint-*"):
+            if path.is_dir() and not path.is_symlink() and not checkpoint_is_complete(path):
+                shutil.rmtree(path, ignore_errors=True)
+                removed.append(path)
+        return removed
+
+
+def checkpoint_is_complete(path: Path) -> bool:
+    """Whether a `checkpoint-N` folder was written whole: its trainer_state.json, which
+    the trainer writes last, reads."""
+    try:
+        json.loads((path / "trainer_state.json").read_text())
+    except (OSError, ValueError):
+        return False  # written only in part when the worker died, or the disk filled
+    return True
+
 
 def last_checkpoint(folder: Path) -> Optional[Path]:
-    """The `checkpoint-N` with the highest N under folder (or folder/checkpoints)
-    whose trainer_state.json, which the trainer writes last, reads; or None."""
+    """The complete `checkpoint-N` with the highest N under folder (or folder/checkpoints); or None."""
     found: list[tuple[int, Path]] = []
     for base in (folder, folder / "checkpoints"):
         for path in base.glob("checkpoint-*"):
             step = path.name.removeprefix("checkpoint-")
-            if not step.isdigit():
-                continue
-            try:
-                json.loads((path / "trainer_state.json").read_text())
-            except (OSError, ValueError):
-                continue  # written only in part when the worker died
-            found.append((int(step), path))
+            if step.isdigit() and checkpoint_is_complete(path):
+                found.append((int(step), path))
     return max(found)[1] if found else None
-
-
-@contextlib.contextmanager
-def save_atomically(final: Path) -> Iterator[Path]:
-    """Yield a fresh `.NAME.partial` folder beside `final`; when the block succeeds it
-    replaces `final` in one rename, so `final` is always complete or absent."""
-    partial = final.with_name(f".{final.name}.partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir(parents=True)
-    try:
-        yield partial
-    except BaseException:
-        shutil.rmtree(partial, ignore_errors=True)
-        raise
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(partial, final)
 
 
 # -- the inference child -------------------------------------------------------

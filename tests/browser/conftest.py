@@ -29,6 +29,19 @@ CHROMIUM_ARGS = [
     "--disable-sync",
 ]
 VIEWPORT = {"width": 1280, "height": 900}
+EXPECT_TIMEOUT = 15_000  # milliseconds
+
+
+def expect(target: Any) -> Any:
+    """Playwright's `expect`: its assertions retry until the state holds or EXPECT_TIMEOUT
+    passes. What the page shows after an action (a click, a fill, a state the test waited
+    for in `window.__studio`) is drawn on a later animation frame, so it is read through
+    this, never at once (`is_hidden()`, `count()`, `inner_text()` read once and race the
+    next frame). Imported when called, so the tests still skip where Playwright is missing."""
+    from playwright.sync_api import expect as playwright_expect
+
+    playwright_expect.set_options(timeout=EXPECT_TIMEOUT)
+    return playwright_expect(target)
 
 
 def missing(what: str) -> NoReturn:

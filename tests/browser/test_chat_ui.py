@@ -22,6 +22,7 @@ from typing import Any, Optional
 
 import pytest
 
+from tests.browser.conftest import expect
 from tests.conftest import ServerProcess, collect, job_request
 
 pytestmark = [pytest.mark.browser, pytest.mark.train]
@@ -167,9 +168,10 @@ def test_chat_from_the_runs_page_streams_answers_and_keeps_them_over_a_reload(
     assert [t["answers"]["tuned"]["content"] for t in again["turns"]] == [
         t["answers"]["tuned"]["content"] for t in state["turns"]
     ]
-    assert page.get_by_test_id("turn").count() == 2
-    assert page.get_by_test_id("chat-max-tokens").input_value() == "12"
-    assert page.get_by_test_id("chat-system").input_value() == "Answer briefly."
+    # `loaded` is the state; the page draws it on a later animation frame.
+    expect(page.get_by_test_id("turn")).to_have_count(2)
+    expect(page.get_by_test_id("chat-max-tokens")).to_have_value("12")
+    expect(page.get_by_test_id("chat-system")).to_have_value("Answer briefly.")
     assert no_horizontal_overflow(page)
 
 
@@ -262,8 +264,8 @@ def test_a_model_the_server_does_not_serve_and_bad_settings_are_said_in_words(
     send(page, "again")
     problem = page.get_by_test_id("chat-settings-error")
     problem.wait_for(state="visible", timeout=5 * SECOND)
-    assert "Temperature is a number from 0" in problem.inner_text()
-    assert page.get_by_test_id("chat-temperature").get_attribute("aria-invalid") == "true"
+    expect(problem).to_contain_text("Temperature is a number from 0", use_inner_text=True)
+    expect(page.get_by_test_id("chat-temperature")).to_have_attribute("aria-invalid", "true")
     assert len(chat(page)["turns"]) == 1 and len(requests) == sent
     assert page.get_by_test_id("chat-input").input_value() == "again"  # nothing typed is lost
 

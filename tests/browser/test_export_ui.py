@@ -15,6 +15,7 @@ import pytest
 from finetune_studio.api.routes import export as export_routes
 from finetune_studio.config import Settings
 from finetune_studio.supervisor.launcher import LocalProcessLauncher
+from tests.browser.conftest import expect
 from tests.conftest import REPO
 from tests.reliability.conftest import FAKE_EXPORT_WORKER, FAKE_WORKER, LiveServer
 from tests.reliability.test_export import trained_job
@@ -48,8 +49,8 @@ def test_export_a_job_to_gguf_follow_its_stages_and_download_the_files(
     job_id = trained_job(server, tmp_path)
     page.context.grant_permissions(["clipboard-read", "clipboard-write"], origin=server.url)
     panel = open_job(page, server, job_id)
-    assert panel.get_by_test_id("export-format").input_value() == "gguf"
-    assert panel.get_by_test_id("export-quant-q4_k_m").is_checked()  # llama.cpp's usual choice
+    expect(panel.get_by_test_id("export-format")).to_have_value("gguf")
+    expect(panel.get_by_test_id("export-quant-q4_k_m")).to_be_checked()  # llama.cpp's usual choice
     panel.get_by_test_id("export-quant-q8_0").check()
     panel.get_by_test_id("export-start").click()
 
@@ -58,7 +59,7 @@ def test_export_a_job_to_gguf_follow_its_stages_and_download_the_files(
     page.wait_for_selector("[data-testid=export-stage][data-stage=quantizing]", timeout=30 * SECOND)
     stages = page.eval_on_selector_all("[data-testid=export-stage]", "rows => rows.map((r) => r.dataset.stage)")
     assert stages == ["merging", "converting", "quantizing"]
-    assert "%" in item.get_by_test_id("export-percent").inner_text()
+    expect(item.get_by_test_id("export-percent")).to_contain_text("%")
 
     page.wait_for_selector("[data-testid=export-item][data-phase=completed]", timeout=60 * SECOND)
     export_id = item.get_attribute("data-export-id")
@@ -75,7 +76,7 @@ def test_export_a_job_to_gguf_follow_its_stages_and_download_the_files(
     assert hashlib.sha256(saved.read_bytes()).digest() == hashlib.sha256((folder / "model-q8_0.gguf").read_bytes()).digest()
 
     command = item.get_by_test_id("ollama-command")
-    assert command.inner_text() == f"ollama create finetune-{job_id} -f Modelfile"
+    expect(command).to_have_text(f"ollama create finetune-{job_id} -f Modelfile", use_inner_text=True)
     item.get_by_test_id("copy-ollama").click()
     page.wait_for_function("document.querySelector('[data-testid=copy-ollama]').textContent === 'Copied'")
     assert page.evaluate("navigator.clipboard.readText()") == command.inner_text()
@@ -93,12 +94,12 @@ def test_the_panel_says_what_went_wrong_and_stops_an_export(
 
     monkeypatch.setattr(export_routes, "gguf_tools_problem", lambda: "GGUF needs llama.cpp: pip install 'finetune-studio[gguf]'")
     panel.get_by_test_id("export-format").select_option("lora_gguf")
-    assert panel.get_by_test_id("export-quant-f16").is_checked()
+    expect(panel.get_by_test_id("export-quant-f16")).to_be_checked()
     panel.get_by_test_id("export-start").click()
     error = panel.get_by_test_id("export-error")
     error.wait_for(state="visible", timeout=10 * SECOND)
-    assert "llama.cpp's tools are not installed" in error.inner_text()
-    assert "pip install 'finetune-studio[gguf]'" in error.inner_text()
+    expect(error).to_contain_text("llama.cpp's tools are not installed", use_inner_text=True)
+    expect(error).to_contain_text("pip install 'finetune-studio[gguf]'", use_inner_text=True)
 
     panel.get_by_test_id("export-format").select_option("gguf")
     panel.get_by_test_id("export-quant-q4_k_m").uncheck()
@@ -108,15 +109,16 @@ def test_the_panel_says_what_went_wrong_and_stops_an_export(
     monkeypatch.setenv("FAKE_EXPORT_STEP_S", "0.5")
     panel.get_by_test_id("export-format").select_option("merged_16bit")
     panel.get_by_test_id("export-start").click()
-    assert error.is_hidden()
+    expect(error).to_be_hidden()  # drawn on the next animation frame, not at once
     page.wait_for_selector("[data-testid=export-item][data-phase=merging] [data-testid=export-stage]", timeout=30 * SECOND)
     panel.get_by_test_id("export-stop").click()
     page.wait_for_selector("[data-testid=export-item][data-phase=stopped]", timeout=30 * SECOND)
-    assert panel.get_by_test_id("export-files").count() == 0
+    expect(panel.get_by_test_id("export-files")).to_have_count(0)
 
     monkeypatch.setenv("FAKE_EXPORT_STEP_S", "0")
     monkeypatch.setenv("FAKE_EXPORT_FAIL", "disk_full")
     panel.get_by_test_id("export-start").click()
     failure = page.locator("[data-testid=export-item][data-phase=error] [data-testid=export-failure]")
     failure.wait_for(timeout=30 * SECOND)
-    assert "The disk is full" in failure.inner_text() and "fake failure: disk_full" in failure.inner_text()
+    expect(failure).to_contain_text("The disk is full", use_inner_text=True)
+    expect(failure).to_contain_text("fake failure: disk_full", use_inner_text=True)

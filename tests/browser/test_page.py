@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import threading
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -26,6 +27,7 @@ import pytest
 
 from finetune_studio.config import Settings
 from finetune_studio.wire import WorkerSpec
+from tests.browser.conftest import expect
 from tests.conftest import DEMO_DATA, REPO, ScriptedWorker, job_request, wait_for
 from tests.reliability.conftest import LiveServer
 
@@ -274,7 +276,7 @@ def test_the_list_of_runs_grows_and_is_searched_and_filtered(studio: Studio, pag
     page.get_by_test_id("job-filter").select_option("error")
     page.wait_for_function("document.querySelectorAll('[data-testid=job-item]').length === 4", timeout=5 * SECOND)
     assert set(items.evaluate_all("els => els.map((el) => el.dataset.phase)")) == {"error"}
-    assert page.get_by_test_id("jobs-count").inner_text() == "4 of 12"
+    expect(page.get_by_test_id("jobs-count")).to_have_text("4 of 12", use_inner_text=True)
 
 
 @pytest.mark.parametrize("viewport", [LAPTOP, PHONE], ids=["laptop", "phone"])
@@ -288,15 +290,16 @@ def test_mistakes_show_at_their_fields_and_nothing_is_queued(studio: Studio, pag
     field("field-max_steps").fill("abc")
     error = field("error-max_steps")
     error.wait_for(state="visible", timeout=5 * SECOND)
-    assert "whole number" in error.inner_text() and "abc" in error.inner_text()
-    assert field("field-max_steps").get_attribute("aria-invalid") == "true"
+    expect(error).to_contain_text("whole number", use_inner_text=True)
+    expect(error).to_contain_text("abc", use_inner_text=True)
+    expect(field("field-max_steps")).to_have_attribute("aria-invalid", "true")
     field("field-model_name").fill(str(studio.model))
     field("field-local_datasets").fill(str(studio.data))
     field("start-button").click()
-    assert field("field-max_steps").evaluate("el => el === document.activeElement")
-    assert "Max steps" in field("start-error").inner_text()
+    expect(field("field-max_steps")).to_be_focused()
+    expect(field("start-error")).to_contain_text("Max steps", use_inner_text=True)
     field("field-max_steps").fill("4")
-    assert not error.is_visible()
+    expect(error).to_be_hidden()
 
     # A model path that does not exist: the server's 400 names the field; shown there in its words.
     missing = studio.model.parent / "no-such-model"
@@ -304,9 +307,10 @@ def test_mistakes_show_at_their_fields_and_nothing_is_queued(studio: Studio, pag
     field("start-button").click()
     model_error = field("error-model_name")
     model_error.wait_for(state="visible", timeout=10 * SECOND)
-    assert str(missing) in model_error.inner_text() and "does not exist" in model_error.inner_text()
-    assert "model_name" not in model_error.inner_text()
-    assert field("field-model_name").get_attribute("aria-invalid") == "true"
+    expect(model_error).to_contain_text(str(missing), use_inner_text=True)
+    expect(model_error).to_contain_text("does not exist", use_inner_text=True)
+    expect(model_error).not_to_contain_text("model_name", use_inner_text=True)
+    expect(field("field-model_name")).to_have_attribute("aria-invalid", "true")
     assert_fits(page, "form-errors")
 
     # A dataset file that does not exist: at the dataset field.
@@ -315,8 +319,9 @@ def test_mistakes_show_at_their_fields_and_nothing_is_queued(studio: Studio, pag
     field("start-button").click()
     data_error = field("error-local_datasets")
     data_error.wait_for(state="visible", timeout=10 * SECOND)
-    assert "nope.jsonl" in data_error.inner_text() and "Dataset files" in data_error.inner_text()
-    assert not model_error.is_visible()
+    expect(data_error).to_contain_text("nope.jsonl", use_inner_text=True)
+    expect(data_error).to_contain_text("Dataset files", use_inner_text=True)
+    expect(model_error).to_be_hidden()
 
     # A schema error (422) lands at its field too.
     field("field-local_datasets").fill(str(studio.data))
@@ -324,7 +329,7 @@ def test_mistakes_show_at_their_fields_and_nothing_is_queued(studio: Studio, pag
     field("start-button").click()
     batch_error = field("error-batch_size")
     batch_error.wait_for(state="visible", timeout=10 * SECOND)
-    assert "greater than or equal to 1" in batch_error.inner_text()
+    expect(batch_error).to_contain_text("greater than or equal to 1", use_inner_text=True)
     assert studio.http.get("/train/jobs").json()["count"] == 0, "a refused start queued a job"
 
     # Fixed: it starts, and on a phone the run's live view comes into sight.
@@ -358,22 +363,23 @@ def test_a_wrong_token_is_refused_in_words(tmp_path: Path, monkeypatch: pytest.M
         page.get_by_test_id("token-input").press("Enter")
         problem = page.get_by_test_id("settings-error")
         problem.wait_for(state="visible", timeout=10 * SECOND)
-        assert "refused this token" in problem.inner_text()
-        assert dialog.is_visible(), "a refused token closed the dialog"
-        assert page.get_by_test_id("token-state").inner_text() == "token rejected"
+        expect(problem).to_contain_text("refused this token", use_inner_text=True)
+        expect(dialog, "a refused token closed the dialog").to_be_visible()
+        expect(page.get_by_test_id("token-state")).to_have_text("token rejected", use_inner_text=True)
         assert_fits(page, "token-rejected")
 
         page.locator("#settings-cancel").click()
         dialog.wait_for(state="hidden", timeout=5 * SECOND)
         empty = page.get_by_test_id("jobs-empty")
-        assert "API token" in empty.inner_text() and "No runs yet" not in empty.inner_text()
+        expect(empty).to_contain_text("API token", use_inner_text=True)
+        expect(empty).not_to_contain_text("No runs yet", use_inner_text=True)
 
         page.get_by_test_id("settings-button").click()
         page.get_by_test_id("token-input").fill(TOKEN)
         page.get_by_test_id("token-input").press("Enter")
         dialog.wait_for(state="hidden", timeout=10 * SECOND)
         page.wait_for_selector(f"[data-testid=job-item][data-job-id='{job_id}']", timeout=10 * SECOND)
-        assert page.get_by_test_id("token-state").inner_text() == "token set"
+        expect(page.get_by_test_id("token-state")).to_have_text("token set", use_inner_text=True)
         settle(server)
 
 
@@ -404,12 +410,12 @@ def test_run_again_reproduces_a_runs_request(studio: Studio, page_at: Any) -> No
 
     page.get_by_test_id("run-settings").locator("summary").click()
     page.wait_for_selector("[data-testid=settings-list] dd[data-field=target_modules]", timeout=10 * SECOND)
-    assert page.locator("[data-testid=settings-list] dd[data-field=target_modules]").inner_text() == "q_proj, v_proj"
+    expect(page.locator("[data-testid=settings-list] dd[data-field=target_modules]")).to_have_text("q_proj, v_proj", use_inner_text=True)
 
     page.get_by_test_id("run-again").click()
     page.wait_for_function("document.querySelector('[data-testid=field-model_name]').value !== ''", timeout=10 * SECOND)
-    assert page.get_by_test_id("advanced").evaluate("el => el.open"), "Advanced holds changed fields: it opens"
-    assert page.get_by_test_id("field-packing").is_checked()
+    expect(page.get_by_test_id("advanced"), "Advanced holds changed fields: it opens").to_have_js_property("open", True)
+    expect(page.get_by_test_id("field-packing")).to_be_checked()
     page.get_by_test_id("start-button").click()
     page.wait_for_function(f"window.__studio.jobId() && window.__studio.jobId() !== '{original}'", timeout=10 * SECOND)
     again = page.evaluate("window.__studio.jobId()")
@@ -432,7 +438,7 @@ def test_resume_rename_and_delete_a_run(studio: Studio, page_at: Any) -> None:
     page.get_by_test_id("rename-input").press("Enter")
     page.wait_for_selector(f"[data-testid=job-item][data-job-id='{stopped}'] >> text=stopped, renamed", timeout=10 * SECOND)
     assert studio.detail(stopped)["request"]["project_name"] == "stopped, renamed"
-    assert page.get_by_test_id("rename-button").evaluate("el => el === document.activeElement"), "focus left the rename"
+    expect(page.get_by_test_id("rename-button"), "focus left the rename").to_be_focused()
 
     # Resume: a new job from the stopped run's checkpoint.
     page.get_by_test_id("resume-button").click()
@@ -455,6 +461,40 @@ def test_resume_rename_and_delete_a_run(studio: Studio, page_at: Any) -> None:
     assert_fits(page, "after-delete")
 
 
+def test_the_page_opened_at_localhost_starts_stops_and_uploads(studio: Studio, page_at: Any) -> None:
+    """The server refuses other sites' names and writes (api/origin.py); its own page,
+    opened under either loopback name, is neither: its writes carry its own Origin."""
+    url = studio.url.replace("127.0.0.1", "localhost")
+    page = page_at(LAPTOP)
+    writes: list[Any] = []
+    page.on("request", lambda request: writes.append(request) if request.method != "GET" else None)
+    open_page(page, url)
+    field = page.get_by_test_id
+    field("field-format_type").select_option("alpaca")
+    field("field-model_name").fill(str(studio.model))
+    field("field-local_datasets").fill(str(studio.data))
+    field("field-project_name").fill("held from localhost")
+    field("start-button").click()
+    page.wait_for_function("window.__studio.jobId() && window.__studio.phase() === 'loading_model'", timeout=20 * SECOND)
+    job_id = page.evaluate("window.__studio.jobId()")
+
+    field("stop-button").click()
+    page.wait_for_function("window.__studio.phase() === 'stopped'", timeout=20 * SECOND)
+    assert studio.phase(job_id) == "stopped"
+
+    field("upload-input").set_input_files(str(DEMO_DATA))
+    page.wait_for_function(
+        "document.querySelector('[data-testid=upload-state]').textContent.startsWith('Uploaded')", timeout=30 * SECOND
+    )
+    assert [item["filename"] for item in studio.http.get("/v1/files").json()["data"]] == ["tiny_alpaca.jsonl"]
+
+    sent = {(request.method, request.url.removeprefix(url)): request.all_headers().get("origin") for request in writes}
+    assert ("POST", "/train/start") in sent and ("POST", f"/train/stop/{job_id}") in sent and ("POST", "/v1/files") in sent, sent
+    assert set(sent.values()) == {url}, f"the page's writes did not carry its own origin: {sent}"
+    # The same page at a name the server does not answer is refused before it loads.
+    assert httpx.get(f"{studio.url}/", headers={"Host": "evil.example"}).status_code == 421
+
+
 @pytest.mark.train
 def test_a_file_uploaded_through_the_page_trains(server: Any, page_at: Any, tiny_model: Path) -> None:
     page = page_at(LAPTOP)
@@ -464,10 +504,11 @@ def test_a_file_uploaded_through_the_page_trains(server: Any, page_at: Any, tiny
     page.wait_for_function(
         "document.querySelector('[data-testid=upload-state]').textContent.startsWith('Uploaded')", timeout=30 * SECOND
     )
-    assert "tiny_alpaca.jsonl" in state.inner_text()
+    expect(state).to_contain_text("tiny_alpaca.jsonl", use_inner_text=True)
+    expect(page.get_by_test_id("field-local_datasets")).not_to_have_value(re.compile(r"^\s*$"))
     named = page.get_by_test_id("field-local_datasets").input_value().strip()
     assert named and named != str(DEMO_DATA)
-    assert page.locator("[data-testid=upload-list] li").count() == 1
+    expect(page.locator("[data-testid=upload-list] li")).to_have_count(1)
 
     for name, value in {"model_name": str(tiny_model), "max_steps": "4", "learning_rate": "1e-3", "batch_size": "2",
                         "lora_r": "4", "lora_alpha": "8", "max_seq_length": "128"}.items():

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ import pytest
 
 from finetune_studio.config import Settings
 from finetune_studio.wire import WorkerSpec
+from tests.browser.conftest import expect
 from tests.browser.test_page import (
     PHONE,
     SECOND,
@@ -124,7 +126,7 @@ def test_the_cluster_fields_are_offered_and_sent_where_jobs_run_on_ray(
         open_page(page, studio.url)
         # /system answers 401 before the token: no Cluster fields yet, then they appear without a reload.
         page.get_by_test_id("settings-dialog").wait_for(state="visible", timeout=10 * SECOND)
-        assert not page.get_by_test_id("field-num_workers").is_visible()
+        expect(page.get_by_test_id("field-num_workers")).to_be_hidden()
         page.get_by_test_id("token-input").fill(TOKEN)
         page.get_by_test_id("token-input").press("Enter")
         page.get_by_test_id("settings-dialog").wait_for(state="hidden", timeout=10 * SECOND)
@@ -132,18 +134,18 @@ def test_the_cluster_fields_are_offered_and_sent_where_jobs_run_on_ray(
         page.get_by_test_id("advanced").locator("summary").click()
         workers = page.get_by_test_id("field-num_workers")
         workers.wait_for(state="visible", timeout=10 * SECOND)
-        assert page.locator("fieldset.group legend", has_text="Cluster").is_visible()
-        assert workers.input_value() == "1"  # the request model's default
-        assert "batch size × gradient accumulation × workers" in page.locator("#hint-num_workers").inner_text()
-        assert ADDRESS in page.get_by_test_id("system-note").inner_text()
+        expect(page.locator("fieldset.group legend", has_text="Cluster")).to_be_visible()
+        expect(workers).to_have_value("1")  # the request model's default
+        expect(page.locator("#hint-num_workers")).to_contain_text("batch size × gradient accumulation × workers", use_inner_text=True)
+        expect(page.get_by_test_id("system-note")).to_contain_text(ADDRESS, use_inner_text=True)
 
         # A mistake in the JSON is shown at the field, in its words, before anything is sent.
         page.get_by_test_id("field-resources_per_worker").fill('{"CPU": 2,')
         page.get_by_test_id("start-button").click()
         error = page.get_by_test_id("error-resources_per_worker")
         error.wait_for(state="visible", timeout=5 * SECOND)
-        assert "not valid JSON" in error.inner_text()
-        assert "Resources per worker" in page.get_by_test_id("start-error").inner_text()
+        expect(error).to_contain_text("not valid JSON", use_inner_text=True)
+        expect(page.get_by_test_id("start-error")).to_contain_text("Resources per worker", use_inner_text=True)
 
         workers.fill("2")
         page.get_by_test_id("field-resources_per_worker").fill('{"CPU": 2, "GPU": 0}')
@@ -165,9 +167,9 @@ def test_without_ray_the_cluster_fields_are_absent_and_never_sent(
         page.get_by_test_id("advanced").locator("summary").click()
         page.get_by_test_id("field-gradient_accumulation_steps").wait_for(state="visible", timeout=10 * SECOND)
         for name in ("num_workers", "resources_per_worker"):
-            assert not page.get_by_test_id(f"field-{name}").is_visible(), name
-        assert not page.locator("fieldset.group legend", has_text="Cluster").is_visible()
-        assert "Ray" not in page.get_by_test_id("system-note").inner_text()
+            expect(page.get_by_test_id(f"field-{name}")).to_be_hidden()
+        expect(page.locator("fieldset.group legend", has_text="Cluster")).to_be_hidden()
+        expect(page.get_by_test_id("system-note")).not_to_contain_text("Ray", use_inner_text=True)
         page.get_by_test_id("field-project_name").fill("completed from the form")
         body = start_from_form(page, studio)
         assert "num_workers" not in body and "resources_per_worker" not in body
@@ -185,33 +187,35 @@ def test_the_run_view_shows_a_ray_jobs_workers_wait_restarts_and_storage(
         cluster = page.get_by_test_id("job-cluster")
         waiting = page.get_by_test_id("cluster-waiting")
         waiting.wait_for(state="visible", timeout=10 * SECOND)
-        assert waiting.inner_text() == "Waiting for the cluster to place 2 workers (2 CPU, 1 GPU each)"
-        assert page.get_by_test_id("cluster-address").inner_text() == ADDRESS
-        assert page.get_by_test_id("cluster-workers").inner_text() == "2 × 2 CPU, 1 GPU"
-        assert page.get_by_test_id("cluster-backend").inner_text() == "nccl"
-        assert page.get_by_test_id("cluster-restart-count").inner_text() == "0 of at most 2"
-        assert page.get_by_test_id("cluster-storage").count() == 0  # the files travel through no URI yet
-        assert page.get_by_test_id("cluster-restarts").count() == 0
+        expect(waiting).to_have_text("Waiting for the cluster to place 2 workers (2 CPU, 1 GPU each)", use_inner_text=True)
+        expect(page.get_by_test_id("cluster-address")).to_have_text(ADDRESS, use_inner_text=True)
+        expect(page.get_by_test_id("cluster-workers")).to_have_text("2 × 2 CPU, 1 GPU", use_inner_text=True)
+        expect(page.get_by_test_id("cluster-backend")).to_have_text("nccl", use_inner_text=True)
+        expect(page.get_by_test_id("cluster-restart-count")).to_have_text("0 of at most 2", use_inner_text=True)
+        expect(page.get_by_test_id("cluster-storage")).to_have_count(0)  # the files travel through no URI yet
+        expect(page.get_by_test_id("cluster-restarts")).to_have_count(0)
         assert_fits(page, "ray-waiting")
 
         studio.launcher.held.set()
         page.wait_for_function("window.__studio.phase() === 'completed'", timeout=30 * SECOND)
         page.get_by_test_id("cluster-restarts").wait_for(state="visible", timeout=10 * SECOND)
-        assert not waiting.is_visible(), "a run that was placed still says it waits"
-        assert page.get_by_test_id("cluster-restarts").inner_text() == RESTART
-        assert page.get_by_test_id("cluster-restart-count").inner_text() == "1 of at most 2"
+        expect(waiting, "a run that was placed still says it waits").to_be_hidden()
+        expect(page.get_by_test_id("cluster-restarts")).to_have_text(RESTART, use_inner_text=True)
+        expect(page.get_by_test_id("cluster-restart-count")).to_have_text("1 of at most 2", use_inner_text=True)
         storage = page.get_by_test_id("cluster-storage")
-        assert storage.inner_text().startswith("s3://a-bucket-with-a-long-name") and storage.inner_text().endswith(job_id)
+        expect(storage).to_have_text(re.compile(rf"^s3://a-bucket-with-a-long-name.*{re.escape(job_id)}$"), use_inner_text=True)
         # The restart is a warning too, but said once: in the cluster line.
-        warnings = page.get_by_test_id("job-warnings").inner_text()
-        assert OTHER_WARNING in warnings and RESTART not in warnings and "1 warning" in warnings
+        warnings = page.get_by_test_id("job-warnings")
+        expect(warnings).to_contain_text(OTHER_WARNING, use_inner_text=True)
+        expect(warnings).to_contain_text("1 warning", use_inner_text=True)
+        expect(warnings).not_to_contain_text(RESTART, use_inner_text=True)
         assert_fits(page, "ray-run")
         page.set_viewport_size(PHONE)
         assert_fits(page, "ray-run")
-        assert cluster.is_visible()
+        expect(cluster).to_be_visible()
 
         # A run trained on the server's machine has no cluster line.
         local = studio.start("completed")
         studio.wait_phase(local, "completed")
         show_job(page, local, "completed")
-        assert not cluster.is_visible()
+        expect(cluster).to_be_hidden()

@@ -16,6 +16,7 @@ from typing import Any, Optional
 import httpx
 import pytest
 
+from tests.browser.conftest import expect
 from tests.conftest import DEMO_DATA, REPO, collect, job_request, wait_for
 
 pytestmark = pytest.mark.browser
@@ -173,18 +174,19 @@ def test_start_from_the_form_and_watch_it_complete(server: Any, page: Any, tiny_
 
     wait_js(page, "window.__studio.phase() === 'completed'")
     job_id = studio(page, "jobId()")
-    assert page.get_by_test_id("job-phase").inner_text() == "Completed"
+    # The state is drawn on a later animation frame: read what is shown through expect.
+    expect(page.get_by_test_id("job-phase")).to_have_text("Completed", use_inner_text=True)
     assert studio(page, "steps()") == list(range(1, 13))
     assert studio(page, "points('loss')") == 12
     assert studio(page, "points('lr')") == 12
-    assert page.get_by_test_id("stat-step").inner_text() == "12 / 12"
-    assert int(page.get_by_test_id("stat-tps").inner_text().replace(",", "")) > 0  # the server's tokens/s
-    assert page.locator("[data-testid=phase-timeline] li[data-state=done]").count() == 6
+    expect(page.get_by_test_id("stat-step")).to_have_text("12 / 12", use_inner_text=True)
+    expect(page.get_by_test_id("stat-tps")).to_have_text(re.compile(r"^[1-9][\d,]*$"), use_inner_text=True)  # the server's tokens/s
+    expect(page.locator("[data-testid=phase-timeline] li[data-state=done]")).to_have_count(6)
     assert_timeline_durations_match_server(page, server, job_id)
-    assert "adapter" in page.get_by_test_id("job-outputs").inner_text()
+    expect(page.get_by_test_id("job-outputs")).to_contain_text("adapter", use_inner_text=True)
     item = page.locator(f"[data-testid=job-item][data-job-id='{job_id}']")
     page.wait_for_selector(f"[data-testid=job-item][data-job-id='{job_id}'][data-phase=completed]", timeout=10 * SECOND)
-    assert "form-run" in item.inner_text()
+    expect(item).to_contain_text("form-run", use_inner_text=True)
     # The list draws the run's loss from the server's summary: one point per step (12 <= 64).
     spark = item.locator("[data-testid=job-sparkline] polyline")
     spark.wait_for(state="attached", timeout=10 * SECOND)
@@ -257,17 +259,22 @@ def test_refused_start_shows_the_servers_error(server: Any, page: Any, tiny_mode
     refused = httpx.post(f"{server.url}/train/start", json=job_request(tiny_model, local_datasets=[missing]))
     assert refused.status_code == 400 and refused.json()["field"] == "local_datasets"
     # Beside its field, in the form's words (its label, not the API's name); the summary names the field.
-    at_field = page.get_by_test_id("error-local_datasets").inner_text()
-    assert missing in at_field and "Dataset files" in at_field and "local_datasets" not in at_field
-    assert "refused to start" in error.inner_text() and "Dataset files" in error.inner_text()
+    at_field = page.get_by_test_id("error-local_datasets")
+    expect(at_field).to_contain_text(missing, use_inner_text=True)
+    expect(at_field).to_contain_text("Dataset files", use_inner_text=True)
+    expect(at_field).not_to_contain_text("local_datasets", use_inner_text=True)
+    expect(error).to_contain_text("refused to start", use_inner_text=True)
+    expect(error).to_contain_text("Dataset files", use_inner_text=True)
 
     # A schema error (422): at the field its `loc` names, marked.
     fill_form(page, local_datasets=[str(DEMO_DATA)], batch_size=0)
     page.get_by_test_id("start-button").click()
     page.get_by_test_id("error-batch_size").wait_for(state="visible", timeout=10 * SECOND)
-    assert page.get_by_test_id("error-batch_size").inner_text().endswith("Input should be greater than or equal to 1")
-    assert "Batch size" in error.inner_text()
-    assert page.get_by_test_id("field-batch_size").get_attribute("aria-invalid") == "true"
+    expect(page.get_by_test_id("error-batch_size")).to_have_text(
+        re.compile(r"Input should be greater than or equal to 1$"), use_inner_text=True
+    )
+    expect(error).to_contain_text("Batch size", use_inner_text=True)
+    expect(page.get_by_test_id("field-batch_size")).to_have_attribute("aria-invalid", "true")
 
     fill_form(page, batch_size=1, num_epochs=0, max_steps="")
     page.get_by_test_id("start-button").click()
@@ -287,15 +294,15 @@ def test_stop_ends_a_running_job_stopped_and_a_queued_one_too(server: Any, page:
     wait_js(page, "window.__studio.points('loss') >= 3")
     position = page.locator(f"[data-testid=job-item][data-job-id='{queued}'] [data-testid=queue-position]")
     position.wait_for(timeout=10 * SECOND)
-    assert position.inner_text() == "#1 in queue"
+    expect(position).to_have_text("#1 in queue", use_inner_text=True)
 
     stop = page.get_by_test_id("stop-button")
-    assert stop.is_enabled()
+    expect(stop).to_be_enabled()
     stop.click()
     wait_js(page, "window.__studio.phase() === 'stopped'", 120)
-    assert page.get_by_test_id("job-phase").inner_text() == "Stopped"
-    assert stop.is_disabled()
-    assert page.locator("[data-testid=phase-timeline] li[data-phase=end]").get_attribute("data-state") == "stopped"
+    expect(page.get_by_test_id("job-phase")).to_have_text("Stopped", use_inner_text=True)
+    expect(stop).to_be_disabled()
+    expect(page.locator("[data-testid=phase-timeline] li[data-phase=end]")).to_have_attribute("data-state", "stopped")
     with server.client() as client:
         assert client.status(running)["phase"] == "stopped"
 
@@ -317,12 +324,12 @@ def test_token_protected_server_works_once_the_token_is_entered(start_server: An
     open_ui(page, server.url)
     dialog = page.get_by_test_id("settings-dialog")
     dialog.wait_for(state="visible", timeout=10 * SECOND)  # a 401 asks for the token
-    assert "FINETUNE_STUDIO_TOKEN" in page.get_by_test_id("settings-note").inner_text()
+    expect(page.get_by_test_id("settings-note")).to_contain_text("FINETUNE_STUDIO_TOKEN", use_inner_text=True)
     page.get_by_test_id("token-input").fill(token)
     page.get_by_test_id("token-input").press("Enter")
     dialog.wait_for(state="hidden", timeout=5 * SECOND)
     page.wait_for_selector("[data-testid=server-state][data-state=ok]", timeout=10 * SECOND)
-    assert page.get_by_test_id("token-state").inner_text() == "token set"
+    expect(page.get_by_test_id("token-state")).to_have_text("token set", use_inner_text=True)
 
     fill_form(
         page,
@@ -346,7 +353,7 @@ def test_token_protected_server_works_once_the_token_is_entered(start_server: An
     page.reload()
     page.wait_for_selector("body[data-ready=true]", state="attached", timeout=20 * SECOND)
     page.wait_for_selector("[data-testid=server-state][data-state=ok]", timeout=10 * SECOND)
-    assert not dialog.is_visible()
+    expect(dialog).to_be_hidden()
     assert studio(page, "jobId()") == job_id
     rows = stored_events(page, job_id)
     with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {token}"}) as http:
@@ -366,8 +373,8 @@ def test_reconnects_after_the_server_restarts(server: Any, page: Any, tiny_model
     wait_js(page, "window.__studio.phase() === 'error'", 120)
     assert studio(page, "connections.length") >= 2
     assert studio(page, "connections")[-1]["last_event_id"] > 0
-    assert page.get_by_test_id("error-code").inner_text() == "server_restarted"
-    assert "server" in page.get_by_test_id("job-error").inner_text().lower()
+    expect(page.get_by_test_id("error-code")).to_have_text("server_restarted", use_inner_text=True)
+    expect(page.get_by_test_id("job-error")).to_contain_text("server", ignore_case=True, use_inner_text=True)
     assert_history_matches_server(page, server, job_id)
 
 
@@ -383,8 +390,7 @@ def test_compare_two_runs_and_save_a_screenshot(server: Any, page: Any, tiny_mod
     wait_js(page, f"window.__studio.compareId() === '{first}' && window.__studio.comparePoints() === 30", 30)
     assert studio(page, "points('loss', 1)") == 30  # the overlaid run's loss, on the same chart
     assert f"compare={first}" in page.url
-    legend = page.get_by_test_id("chart-loss").inner_text()
-    assert "lr 2e-3" in legend
+    expect(page.get_by_test_id("chart-loss")).to_contain_text("lr 2e-3", use_inner_text=True)  # the legend
 
     # Reload: both runs come back from IndexedDB and the comparison is kept.
     page.reload()
@@ -426,7 +432,7 @@ def test_timeline_shows_how_long_each_phase_took(server: Any, page: Any) -> None
 
     old = "5a0000000002"  # stored before the server stamped its status events
     show_stored_job(page, old, [status_event(old, i, phase, None) for i, phase in enumerate(times, 1)])
-    assert page.get_by_test_id("job-phase").inner_text() == "Completed"
+    expect(page.get_by_test_id("job-phase")).to_have_text("Completed", use_inner_text=True)
     assert all(node["took"] == "" and node["seconds"] is None for node in timeline(page).values())
 
     running = "5a0000000003"  # unknown to this server: its stream answers 404 and the view keeps what it has

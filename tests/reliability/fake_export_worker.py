@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from finetune_studio.atomic import partial_path
 from tests.reliability.fake_wire import begin, send
 
 
@@ -75,7 +76,7 @@ def main() -> int:
             status(stage)
         target = folder / name
         target.parent.mkdir(parents=True, exist_ok=True)
-        partial = target.with_name(f".{target.name}.partial")
+        partial = partial_path(target)
         digest = hashlib.sha256()
         with open(partial, "wb") as handle:
             for n in range(chunks):

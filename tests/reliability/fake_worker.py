@@ -9,6 +9,8 @@ completes; it stops after the current step when asked. The environment shapes it
     FAKE_WORKER_GO      a file: the worker waits for it to exist before its first step
     FAKE_WORKER_STEP_S  seconds per step (default 0)
     FAKE_WORKER_LINGER  when set, it does not exit after its last status (and ignores SIGTERM)
+    FAKE_WORKER_CHECKPOINTS  when set, a stop saves checkpoints/checkpoint-<step> (as a pause needs),
+                        and a request's resume_from_checkpoint starts after that step
 """
 
 from __future__ import annotations
@@ -44,15 +46,24 @@ def main() -> int:
     go = os.environ.get("FAKE_WORKER_GO")
     while go and not Path(go).exists() and not stop.is_set():
         time.sleep(0.01)
+    checkpoints = bool(os.environ.get("FAKE_WORKER_CHECKPOINTS"))
+    resume = spec["request"].get("resume_from_checkpoint")
+    step = int(Path(resume).name.removeprefix("checkpoint-")) if checkpoints and resume else 0
     status("training", total_steps=steps)
-    step = 0
     while step < steps and not stop.is_set():
         step += 1
         time.sleep(pause)
         send({"type": "progress", "progress": {"step": step, "total_steps": steps, "loss": 1.0 / step,
                                                "learning_rate": 1e-3, "progress_percent": 100.0 * step / steps}})
     note(job_id, "end")
-    status("stopped" if stop.is_set() else "completed", steps=step)
+    details: dict[str, object] = {"steps": step}
+    stopped = stop.is_set() and step < steps  # a stop during the last step: the training is done (as a real child)
+    if checkpoints and stopped and step:
+        saved = Path(spec["output_dir"]) / "checkpoints" / f"checkpoint-{step}"
+        saved.mkdir(parents=True, exist_ok=True)
+        (saved / "trainer_state.json").write_text('{"global_step": %d}' % step)
+        details["last_checkpoint"] = str(saved)
+    status("stopped" if stopped else "completed", **details)
     if os.environ.get("FAKE_WORKER_LINGER"):
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         while True:

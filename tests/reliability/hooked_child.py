@@ -5,8 +5,10 @@ It runs `finetune_studio.training.child.main` unchanged, with a Channel that can
 - hold the child in one phase once it has announced it (`pause_in`), or after it
   has reported one training step (`pause_at_step`), until a stop arrives, so that
   a test can stop it at an exact point; or
-- fail at the first training step, as if memory or the disk had run out (`fault`:
-  `out_of_memory` or `disk_full`), so that the classifier's real path is taken.
+- fail at the first training step (or at `fault_at_step`), as if memory or the disk
+  had run out (`fault`: `out_of_memory` or `disk_full`), so that the classifier's real
+  path is taken; with `fault_mid_checkpoint`, the disk fills while that step's
+  checkpoint is being written, which leaves it half-written.
 
 `HookedLauncher` starts this module instead of the production child and writes the
 hooks for each job to `<output_dir>/test_hooks.json` before the child starts; a
@@ -20,6 +22,7 @@ import errno
 import json
 import sys
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import IO, Any, Literal, Optional
 
 from finetune_studio.schemas import Phase
@@ -40,17 +43,22 @@ Fault = Literal["", "out_of_memory", "disk_full"]
 class Hooks:
     pause_in: str = ""  # a phase: once announced, wait there until a stop arrives
     pause_at_step: int = 0  # a step: once reported, wait there until a stop arrives
-    fault: Fault = ""  # raised when the first training step reports
+    fault: Fault = ""  # raised when the first training step reports (or step fault_at_step)
+    fault_at_step: int = 0  # the step whose report raises the fault (0: the first)
+    # With fault disk_full: the disk fills while the trainer writes this step's checkpoint,
+    # so checkpoints/checkpoint-<step>/ is left half-written (no trainer_state.json).
+    fault_mid_checkpoint: bool = False
 
 
 class HookedChannel(Channel):
     """A Channel that pauses after announcing one phase or reporting one step, or fails
     on the first progress report."""
 
-    def __init__(self, stream: IO[str], stop: StopSignal, hooks: Hooks) -> None:
+    def __init__(self, stream: IO[str], stop: StopSignal, hooks: Hooks, output_dir: Optional[Path] = None) -> None:
         super().__init__(stream, stop)
         self.stop = stop
         self.hooks = hooks
+        self.output_dir = output_dir
 
     def status(
         self, phase: Phase, message: str, *, error: Optional[str] = None, details: Optional[dict[str, Any]] = None
@@ -60,15 +68,24 @@ class HookedChannel(Channel):
             self._hold(phase)
 
     def progress(self, **fields: Any) -> None:
+        at = self.hooks.fault_at_step
+        if self.hooks.fault and (not at or fields.get("step") == at):
+            self._fail(int(fields.get("step") or 0))
+        super().progress(**fields)
+        if fields.get("step") == self.hooks.pause_at_step:
+            self._hold(f"step {self.hooks.pause_at_step}")
+
+    def _fail(self, step: int) -> None:
         if self.hooks.fault == "out_of_memory":
             import torch
 
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB (injected by a test hook)")
-        if self.hooks.fault == "disk_full":
-            raise OSError(errno.ENOSPC, "No space left on device (injected by a test hook)")
-        super().progress(**fields)
-        if fields.get("step") == self.hooks.pause_at_step:
-            self._hold(f"step {self.hooks.pause_at_step}")
+        if self.hooks.fault_mid_checkpoint and self.output_dir is not None:
+            # What a save cut short by a full disk leaves: the weights begun, no trainer state.
+            folder = self.output_dir / "checkpoints" / f"checkpoint-{step}"
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / "adapter_model.safetensors").write_bytes(b"\0" * 4096)
+        raise OSError(errno.ENOSPC, "No space left on device (injected by a test hook)")
 
     def _hold(self, where: str) -> None:
         print(f"test hook: holding at {where} until a stop arrives", file=sys.stderr)
@@ -80,7 +97,7 @@ def hooked_channel(events: IO[str], stop: StopSignal, spec: WorkerSpec) -> Chann
     path = spec.output_dir / HOOKS_FILE
     if not path.is_file():
         return Channel(events, stop)
-    return HookedChannel(events, stop, Hooks(**json.loads(path.read_text())))
+    return HookedChannel(events, stop, Hooks(**json.loads(path.read_text())), spec.output_dir)
 
 
 class HookedLauncher:

@@ -95,7 +95,7 @@ def test_with_a_token_every_route_but_health_wants_it(tmp_path: Path, monkeypatc
     settings = Settings(host="0.0.0.0", data_dir=tmp_path / "data", token=TOKEN)
     app = create_app(settings, launcher=InstantLauncher())
     good = {"Authorization": f"Bearer {TOKEN}"}
-    with TestClient(app) as client:
+    with TestClient(app, base_url="http://127.0.0.1") as client:
         data = dataset(settings.data_dir)  # exposed: only paths under the data dir are accepted
         job_id = client.post("/train/start", json=start_body(data), headers=good).json()["job_id"]
         calls = _calls(app, job_id)

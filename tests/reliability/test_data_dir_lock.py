@@ -53,7 +53,7 @@ def test_a_second_server_on_a_data_dir_in_use_refuses_and_the_first_trains_on(st
             assert probe.connect_ex(("127.0.0.1", port)) != 0  # it never listened
         # Served any other way (the app's own start-up), it refuses as well, before recovery.
         with pytest.raises(DataDirInUse, match=f"pid {first.pid}"), \
-                TestClient(create_app(Settings(data_dir=first.data_dir), launcher=InstantLauncher())):
+                TestClient(create_app(Settings(data_dir=first.data_dir), launcher=InstantLauncher()), base_url="http://127.0.0.1"):
             pass
         assert os.path.exists(f"/proc/{child}")  # the first server's child was not killed
 
@@ -88,7 +88,7 @@ def test_the_lock_names_its_holder_and_is_free_once_released(tmp_path: Path) -> 
         pass
     # An app started after a lock was released takes it for its life, and gives it back.
     app = create_app(Settings(data_dir=tmp_path), launcher=InstantLauncher())
-    with TestClient(app) as client:
+    with TestClient(app, base_url="http://127.0.0.1") as client:
         assert client.get("/health").status_code == 200
         with pytest.raises(DataDirInUse):
             DataDirLock.acquire(tmp_path, "elsewhere")

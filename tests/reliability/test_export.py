@@ -22,6 +22,7 @@ from fastapi.testclient import TestClient
 
 from finetune_studio.api.app import create_app
 from finetune_studio.api.routes import export as export_routes
+from finetune_studio.atomic import partial_path
 from finetune_studio.cli.client import StreamEvent, StudioClient, StudioError
 from finetune_studio.config import Settings
 from finetune_studio.jobs.service import JobService
@@ -147,14 +148,14 @@ def test_a_download_resumes_byte_exact_with_range(live_server: Any, tmp_path: Pa
     # The client resumes a download that broke off: it asks only for the rest.
     target = tmp_path / "out" / name
     target.parent.mkdir()
-    (target.parent / f"{name}.partial").write_bytes(whole[:5000])
+    partial_path(target).write_bytes(whole[:5000])  # as a broken download leaves it
     fetched: list[int] = []
     with server.client() as client:
         client.download(export_id, name, target, on_bytes=fetched.append)
         listed = {entry["name"]: entry["sha256"] for entry in client.export_status(export_id)["details"]["files"]}
     assert target.read_bytes() == whole and sum(fetched) == len(whole) - 5000
     assert hashlib.sha256(target.read_bytes()).hexdigest() == listed[name]
-    assert not (target.parent / f"{name}.partial").exists()
+    assert not partial_path(target).exists()
 
 
 def test_only_listed_files_of_a_completed_export_are_served(
@@ -367,7 +368,7 @@ def test_a_restart_ends_a_running_export_and_removes_its_partial_files(tmp_path:
     try:
         store.set_worker_pid(crashed, orphan.pid)
         store.close()
-        with TestClient(create_app(settings, launcher=InstantLauncher(), export_launcher=InstantExportLauncher())) as client:
+        with TestClient(create_app(settings, launcher=InstantLauncher(), export_launcher=InstantExportLauncher()), base_url="http://127.0.0.1") as client:
             assert orphan.wait(timeout=10) == -9
             final = client.get(f"/export/status/{crashed}").json()
             assert final["phase"] == "error" and final["details"]["error_code"] == "server_restarted"

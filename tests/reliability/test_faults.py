@@ -111,7 +111,7 @@ def test_a_sigkilled_worker_ends_in_worker_died_naming_the_signal_and_the_likely
     monkeypatch.chdir(REPO)
     monkeypatch.setenv("FAKE_WORKER_GO", str(tmp_path / "never"))  # holds the stand-in before its first step
     app, body = fake_worker_app(tmp_path, stop_grace_seconds=5, kill_grace_seconds=1)
-    with TestClient(app) as client:
+    with TestClient(app, base_url="http://127.0.0.1") as client:
         victim = client.post("/train/start", json=body).json()["job_id"]
         after = client.post("/train/start", json=body).json()["job_id"]
         status = wait_for(
@@ -139,7 +139,7 @@ def test_a_worker_that_does_not_exit_after_its_end_is_killed_and_the_queue_moves
     monkeypatch.chdir(REPO)
     monkeypatch.setenv("FAKE_WORKER_LINGER", "1")
     app, body = fake_worker_app(tmp_path, stop_grace_seconds=0.5, kill_grace_seconds=0.5)
-    with TestClient(app) as client:
+    with TestClient(app, base_url="http://127.0.0.1") as client:
         first, second = (client.post("/train/start", json=body).json()["job_id"] for _ in range(2))
         done = wait_for(
             lambda: (s := client.get(f"/train/status/{first}").json())["phase"] == "completed" and s,

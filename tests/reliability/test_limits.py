@@ -21,7 +21,7 @@ from tests.reliability.conftest import FAKE_WORKER, InstantLauncher, dataset, st
 @pytest.fixture
 def small_limits(tmp_path: Path) -> Iterator[TestClient]:
     settings = Settings(data_dir=tmp_path / "data", max_request_bytes=4096, max_dataset_bytes=100)
-    with TestClient(create_app(settings, launcher=InstantLauncher())) as client:
+    with TestClient(create_app(settings, launcher=InstantLauncher()), base_url="http://127.0.0.1") as client:
         yield client
 
 
@@ -98,7 +98,7 @@ def test_the_queue_length_comes_from_the_environment_and_is_enforced(
     settings = get_settings(data_dir=tmp_path / "data", stop_grace_seconds=5.0, kill_grace_seconds=1.0)
     assert settings.max_queued_jobs == 3
     body = start_body(dataset(tmp_path))
-    with TestClient(create_app(settings, launcher=LocalProcessLauncher(module=FAKE_WORKER))) as client:
+    with TestClient(create_app(settings, launcher=LocalProcessLauncher(module=FAKE_WORKER)), base_url="http://127.0.0.1") as client:
         running = client.post("/train/start", json=body).json()["job_id"]
         wait_for(lambda: client.get(f"/train/status/{running}").json()["phase"] == "configuring", timeout=60,
                  what="the first job to run")

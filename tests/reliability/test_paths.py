@@ -44,7 +44,7 @@ def layout(tmp_path: Path) -> dict[str, Path]:
 @pytest.fixture
 def exposed(tmp_path: Path, layout: dict[str, Path]) -> Iterator[TestClient]:
     settings = Settings(host="0.0.0.0", token=TOKEN, data_dir=tmp_path / "data", allowed_roots=[layout["root"]])
-    with TestClient(create_app(settings, launcher=InstantLauncher()), headers=AUTH) as client:
+    with TestClient(create_app(settings, launcher=InstantLauncher()), headers=AUTH, base_url="http://127.0.0.1") as client:
         yield client
 
 
@@ -97,16 +97,16 @@ def test_an_exposed_server_refuses_paths_outside_its_roots(exposed: TestClient, 
 
 def test_an_exposed_server_without_roots_takes_paths_in_its_data_dir_only(tmp_path: Path, layout: dict[str, Path]) -> None:
     settings = Settings(host="0.0.0.0", token=TOKEN, data_dir=tmp_path / "data")
-    with TestClient(create_app(settings, launcher=InstantLauncher()), headers=AUTH) as client:
+    with TestClient(create_app(settings, launcher=InstantLauncher()), headers=AUTH, base_url="http://127.0.0.1") as client:
         assert str(settings.data_dir) in _refused(client, start_body(layout["inside_data"]))
         assert client.post("/train/start", json=start_body(dataset(settings.data_dir))).status_code == 200
 
 
 def test_on_loopback_any_path_may_be_named_unless_roots_are_set(tmp_path: Path, layout: dict[str, Path]) -> None:
-    with TestClient(create_app(Settings(data_dir=tmp_path / "a"), launcher=InstantLauncher())) as client:
+    with TestClient(create_app(Settings(data_dir=tmp_path / "a"), launcher=InstantLauncher()), base_url="http://127.0.0.1") as client:
         assert client.post("/train/start", json=start_body(layout["outside_data"])).status_code == 200
     settings = Settings(data_dir=tmp_path / "b", allowed_roots=[layout["root"]])
-    with TestClient(create_app(settings, launcher=InstantLauncher())) as client:
+    with TestClient(create_app(settings, launcher=InstantLauncher()), base_url="http://127.0.0.1") as client:
         _refused(client, start_body(layout["outside_data"]))
 
 
@@ -126,7 +126,7 @@ def test_allowed_roots_come_from_the_environment(monkeypatch: pytest.MonkeyPatch
 
 def test_the_output_folder_is_always_data_dir_jobs_id(tmp_path: Path, layout: dict[str, Path]) -> None:
     settings = Settings(data_dir=tmp_path / "data")
-    with TestClient(create_app(settings, launcher=InstantLauncher())) as client:
+    with TestClient(create_app(settings, launcher=InstantLauncher()), base_url="http://127.0.0.1") as client:
         body = start_body(layout["inside_data"], project_name="../../../outside", output_dir="/tmp/evil",
                           tensorboard_dir=str(layout["outside"]))
         job_id = client.post("/train/start", json=body).json()["job_id"]

@@ -67,7 +67,7 @@ def test_a_restart_kills_its_orphans_spares_reused_pids_and_runs_the_queue(tmp_p
         (orphan_dir / "adapter").mkdir()
         store.close()
 
-        with TestClient(create_app(settings, launcher=InstantLauncher())) as client:
+        with TestClient(create_app(settings, launcher=InstantLauncher()), base_url="http://127.0.0.1") as client:
             assert worker.wait(timeout=10) == -9
             assert alive(stranger.pid), "a process that is not our worker was killed"
 

@@ -83,7 +83,7 @@ def test_settings_and_the_app_refuse_a_token_that_cannot_protect_anything(
 def test_a_good_token_is_taken_and_an_empty_bearer_is_not(tmp_path: Path) -> None:
     token = "x" * MIN_TOKEN_CHARS
     settings = Settings(data_dir=tmp_path, token=token)
-    with TestClient(create_app(settings, launcher=InstantLauncher())) as client:
+    with TestClient(create_app(settings, launcher=InstantLauncher()), base_url="http://127.0.0.1") as client:
         for header in ("Bearer", "Bearer ", "Bearer  ", f"Bearer {token[:-1]}"):
             assert client.get("/train/jobs", headers={"Authorization": header}).status_code == 401
         assert client.get("/train/jobs", headers={"Authorization": f"Bearer {token}"}).status_code == 200

@@ -12,11 +12,12 @@ messages:
 - `__model__`: answers with the request's ModelRef as JSON (what the server resolved);
 - `__params__`: answers with the request's sampling params as JSON;
 - `forever`: "tick " every 10 ms until max_tokens or a cancel;
-- `hang`: starts, then never says anything more (until cancelled);
+- `hang`: starts, then never says anything more (until cancelled); it logs
+  `holding <id>`, so a test knows which request to see cancelled;
 - `fail internal`: a `failed` message with code internal_error.
 
 It logs every command to stderr (the server's inference.log): `cancelled <id>`,
-`unloaded`, `args <argv>`; tests read the log to see what the child was told.
+`unloaded`, `args <argv>`, `holding <id>`; tests read the log to see what the child was told.
 """
 
 from __future__ import annotations
@@ -87,6 +88,8 @@ def start(command: dict[str, Any]) -> Optional[Request]:
         split = last.split(" ")
         words = [word + " " for word in split[:-1]] + [split[-1]]
     send({"type": "started", "id": command["id"], "prompt_tokens": prompt_tokens})
+    if last == "hang":
+        note(f"holding {command['id']}")
     stops = [] if last in ("__model__", "__params__") else list(params["stop"])  # the JSON answered whole
     return Request(command["id"], words, prompt_tokens, max_tokens or CONTEXT - prompt_tokens, stops,
                    forever=last == "forever", hang=last == "hang")

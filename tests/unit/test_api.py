@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[2]
 def make_client(tmp_path: Path, **settings: Any) -> TestClient:
     config = Settings(data_dir=tmp_path, stop_grace_seconds=0.5, kill_grace_seconds=0.5, **settings)
     app = create_app(config, launcher=LocalProcessLauncher(module="tests.unit.scripted_worker"))
-    return TestClient(app)
+    return TestClient(app, base_url="http://127.0.0.1")
 
 
 @pytest.fixture
@@ -168,7 +168,7 @@ def test_the_server_never_imports_torch_or_transformers(tmp_path: Path) -> None:
         "from finetune_studio.api.app import create_app\n"
         "from finetune_studio.cli.main import main\n"
         "from finetune_studio.config import Settings\n"
-        f"with TestClient(create_app(Settings(data_dir={str(tmp_path)!r}))) as c:\n"
+        f"with TestClient(create_app(Settings(data_dir={str(tmp_path)!r})), base_url='http://127.0.0.1') as c:\n"
         "    c.get('/train/jobs')\n"
         "heavy = sorted(m for m in ('torch', 'transformers', 'peft', 'trl', 'datasets') if m in sys.modules)\n"
         "print(heavy)\n"

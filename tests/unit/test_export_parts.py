@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from finetune_studio.atomic import partial_path, write_atomically
 from finetune_studio.export import tools
 from finetune_studio.export.convert import _Reader, safetensors_count
-from finetune_studio.export.files import partial_path, remove_partials, write_atomically
+from finetune_studio.export.files import remove_partials
 from finetune_studio.export.modelfile import chatml_go_template, default_system_prompt, modelfile_text
 
 SMOLLM2_TEMPLATE = (

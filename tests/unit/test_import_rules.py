@@ -32,7 +32,7 @@ def loaded_by(names: list[str], watched: tuple[str, ...]) -> list[str]:
     return result.stdout.split()
 
 
-SERVER_SIDE = modules("jobs", "api", "supervisor", "cli") + ["finetune_studio.wire", "finetune_studio.paths",
+SERVER_SIDE = modules("jobs", "api", "supervisor", "cli") + ["finetune_studio.wire", "finetune_studio.atomic", "finetune_studio.paths",
                                                           "finetune_studio.schemas", "finetune_studio.config",
                                                           "finetune_studio.openai_wire"]
 

@@ -23,7 +23,7 @@ TOKEN = "page-api-token-31c9"
 
 @pytest.fixture
 def client(tmp_path: Path) -> Iterator[TestClient]:
-    with TestClient(create_app(Settings(data_dir=tmp_path / "data"), launcher=InstantLauncher())) as client:
+    with TestClient(create_app(Settings(data_dir=tmp_path / "data"), launcher=InstantLauncher()), base_url="http://127.0.0.1") as client:
         yield client
 
 
@@ -76,7 +76,7 @@ def test_system_says_whether_jobs_run_on_a_ray_cluster(client: TestClient, tmp_p
     assert client.get("/system").json()["ray"] is None  # jobs train here: the page offers no cluster fields
     # The default storage is a folder under the data directory: nothing travels through a URI.
     settings = Settings(data_dir=tmp_path / "ray-data", ray_address="ray://head:10001", ray_max_failures=3)
-    with TestClient(create_app(settings, launcher=InstantLauncher())) as ray_client:
+    with TestClient(create_app(settings, launcher=InstantLauncher()), base_url="http://127.0.0.1") as ray_client:
         assert ray_client.get("/system").json()["ray"] == {"address": "ray://head:10001", "max_failures": 3, "storage": None}
 
 
@@ -91,7 +91,7 @@ def test_system_says_whether_jobs_run_on_a_ray_cluster(client: TestClient, tmp_p
 )
 def test_systems_storage_is_shown_without_keys_or_query(tmp_path: Path, path: str, shown: Optional[str]) -> None:
     settings = Settings(data_dir=tmp_path / "data", ray_address="auto", ray_storage_path=path)
-    with TestClient(create_app(settings, launcher=InstantLauncher())) as client:
+    with TestClient(create_app(settings, launcher=InstantLauncher()), base_url="http://127.0.0.1") as client:
         answer = client.get("/system")
     assert answer.status_code == 200
     assert answer.json()["ray"]["storage"] == shown
@@ -100,7 +100,7 @@ def test_systems_storage_is_shown_without_keys_or_query(tmp_path: Path, path: st
 
 def test_system_wants_the_token(tmp_path: Path) -> None:
     settings = Settings(data_dir=tmp_path / "data", token=TOKEN)
-    with TestClient(create_app(settings, launcher=InstantLauncher())) as client:
+    with TestClient(create_app(settings, launcher=InstantLauncher()), base_url="http://127.0.0.1") as client:
         assert client.get("/system").status_code == 401
         assert client.get("/system", headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 200
         assert client.delete("/train/jobs/abc").status_code == 401

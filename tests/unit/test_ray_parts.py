@@ -144,7 +144,7 @@ def test_workers_are_refused_by_a_server_without_ray(
     body = {"model_name": "m", "training_type": "LoRA/QLoRA", "format_type": "raw", "local_datasets": [str(data)], **extra}
     monkeypatch.chdir(REPO)  # the stand-in worker (it trains nothing) is imported from the repository
     app = create_app(Settings(data_dir=tmp_path / "data"), launcher=LocalProcessLauncher(module="tests.unit.scripted_worker"))
-    with TestClient(app) as client:
+    with TestClient(app, base_url="http://127.0.0.1") as client:
         answer = client.post("/train/start", json=body)
         assert answer.status_code == 400
         field = next(iter(extra))

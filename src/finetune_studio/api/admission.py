@@ -23,9 +23,10 @@ from typing import Any, Optional
 
 from fastapi.exceptions import RequestValidationError
 
+from finetune_studio.bounds import excerpt
 from finetune_studio.config import Settings
 from finetune_studio.errors import PathNotAllowed, QueueFull, StartRefused
-from finetune_studio.paths import is_local
+from finetune_studio.paths import is_local, name_problem
 from finetune_studio.schemas import TrainingStartRequest
 
 # Fields that always name a local path, and fields that name one only when they
@@ -44,6 +45,7 @@ def check_start(request: TrainingStartRequest, settings: Settings, queued: int) 
             f"the queue is full ({queued} jobs waiting, the limit is {settings.max_queued_jobs}); try again later"
         )
     check_finite(request)
+    check_names(request)
     check_scale_out(request, settings)
     roots = settings.path_roots()
     check_paths(request, roots)
@@ -85,6 +87,19 @@ def _floats(value: Any, where: tuple[Any, ...] = ()) -> Iterator[tuple[tuple[Any
     elif isinstance(value, (list, tuple)):
         for index, item in enumerate(value):
             yield from _floats(item, (*where, index))
+
+
+def check_names(request: TrainingStartRequest) -> None:
+    """Every path or hub id must be one a machine can have (paths.name_problem): a
+    100,000-character model_name is refused here, not by a job that fails with
+    "File name too long" once it leaves the queue."""
+    named = [(name, getattr(request, name), False) for name in PATH_FIELDS]
+    named += [(name, value, False) for name in PATH_LIST_FIELDS for value in getattr(request, name)]
+    named += [(name, getattr(request, name), True) for name in PATH_OR_HUB_FIELDS]
+    for field, value, hub_id in named:
+        problem = name_problem(value, hub_id=hub_id) if value else None
+        if problem:
+            raise StartRefused(f"{field}: {excerpt(value, 80)!r} {problem}", field=field)
 
 
 def named_paths(request: TrainingStartRequest) -> Iterator[tuple[str, str]]:

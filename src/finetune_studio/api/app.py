@@ -27,17 +27,19 @@ from finetune_studio.api import openai_errors
 from finetune_studio.api.auth import TokenGuard, under_prefixes
 from finetune_studio.api.body_limit import DeclaredBodyLimit, too_large_body, too_large_upload
 from finetune_studio.api.deps import Studio
+from finetune_studio.api.request_scoped import cancel_on_disconnect, request_scoped_routes
+from finetune_studio.api.origin import CrossSiteGuard, LoopbackHostGuard
 from finetune_studio.api.routes import chat, datasets, export, files, fine_tuning, health, system, train
 from finetune_studio.api.streaming import StudioApp
 from finetune_studio.config import Settings, token_problem
-from finetune_studio.errors import StartRefused, StudioError, UnsafeSettings
+from finetune_studio.errors import StartRefused, StorageFailed, StudioError, UnsafeSettings
 from finetune_studio.files.store import FileStore
 from finetune_studio.jobs.lock import DataDirLock
 from finetune_studio.jobs.service import JobService
 from finetune_studio.jobs.store import JobStore
 from finetune_studio.schemas import SECRET_FIELDS
 from finetune_studio.supervisor.inference import INFERENCE_MODULE, InferenceManager, UnloadingLauncher
-from finetune_studio.supervisor.inspector import Inspector
+from finetune_studio.supervisor.inspector import INSPECT_MODULE, Inspector
 from finetune_studio.supervisor.launcher import EXPORT_MODULE, LocalProcessLauncher, WorkerLauncher
 from finetune_studio.supervisor.ray_launcher import ray_launcher
 from finetune_studio.supervisor.supervisor import Supervisor
@@ -65,11 +67,13 @@ def create_app(
     export_launcher: Optional[WorkerLauncher] = None,
     data_dir_lock: Optional[DataDirLock] = None,
     inference_module: str = INFERENCE_MODULE,
+    inspect_module: str = INSPECT_MODULE,
 ) -> FastAPI:
     """The app. It takes its data dir's lock when it starts (DataDirInUse if another
     server has it), unless the caller already holds it and passes it as `data_dir_lock`
     (the CLI does, to refuse before anything else starts); the caller then keeps it.
-    Chat runs in `python -m <inference_module>` (tests name a stand-in); exports in
+    Chat runs in `python -m <inference_module>`, dataset inspections in `python -m
+    <inspect_module>` (tests name stand-ins); exports in
     what `export_launcher` starts (default: `python -m finetune_studio.export.child`)."""
     if not settings.is_loopback() and settings.token is None:
         # The CLI says this first; this guard holds for any other way of serving the app.
@@ -104,7 +108,7 @@ def create_app(
                 exporting = UnloadingLauncher(exporting, inference)
             supervisor = Supervisor(service, training, settings, export_launcher=exporting)
             app.state.studio = Studio(settings, service, supervisor, inference, file_store)
-            inspector = app.state.inspector = Inspector(settings)  # dataset inspections: children of their own
+            inspector = app.state.inspector = Inspector(settings, inspect_module)  # dataset inspections: children of their own
             await supervisor.start()
             keepalive = asyncio.create_task(service.keep_streams_alive(), name="stream keep-alive")
             try:
@@ -130,7 +134,7 @@ def create_app(
         app.add_middleware(
             TokenGuard, token=settings.token.get_secret_value(), prefixes=API_PREFIXES, openai_prefixes=(OPENAI_PREFIX,)
         )
-    # Added last, so it runs first: an over-long declared body is refused unread.
+    # Added after the token guard, so it runs before it: an over-long declared body is refused unread.
     # An upload's body is a file (and its form): it has a limit of its own.
     upload_limit = settings.max_file_bytes + UPLOAD_FORM_BYTES
     app.add_middleware(
@@ -139,9 +143,16 @@ def create_app(
         openai_prefixes=(OPENAI_PREFIX,),
         uploads=(files.router.prefix, upload_limit, settings.max_file_bytes),
     )
+    # Before the limits and the token, on every path: a page of another site may change
+    # nothing (api/origin.py), and on loopback none may rebind its name to this server.
+    app.add_middleware(CrossSiteGuard, openai_prefixes=(OPENAI_PREFIX,))
+    if settings.is_loopback():
+        app.add_middleware(LoopbackHostGuard, server_names=settings.server_names, openai_prefixes=(OPENAI_PREFIX,))
     app.include_router(health.router)
     for router in API_ROUTERS:
         app.include_router(router, max_body_size=upload_limit if router is files.router else settings.max_request_bytes)
+    # Work that lives only for its request (an inspection, a chat answer) goes when its client goes.
+    cancel_on_disconnect(request_scoped_routes(app.routes))
 
     @app.exception_handler(StudioError)
     async def studio_error(request: Request, exc: StudioError) -> JSONResponse:
@@ -154,6 +165,9 @@ def create_app(
             if exc.field:  # the request field at fault, for a form to mark
                 body["field"] = exc.field
             return JSONResponse(body, status_code=exc.status_code)
+        if isinstance(exc, StorageFailed):  # a full disk (507) or a data dir that cannot be written (503)
+            body = {"detail": text, "error_code": exc.error_code}
+            return JSONResponse(body, status_code=exc.status_code, headers=openai_errors.retry_headers(exc))
         return JSONResponse({"detail": text}, status_code=exc.status_code)
 
     @app.exception_handler(StarletteHTTPException)

@@ -18,6 +18,7 @@ from typing import Any, Optional
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from finetune_studio.errors import FileTooLarge
 from finetune_studio.openai_wire import error_body
 
 
@@ -34,14 +35,10 @@ def too_large_message(limit: int, chat: bool = False) -> str:
 
 
 def too_large_upload(limit: int) -> dict[str, Any]:
-    """The 413 of an upload (POST /v1/files) over `max_file_bytes`, in OpenAI's shape."""
-    return error_body(
-        f"the file is over this server's limit of {limit} bytes per file (the operator sets it with"
-        " FINETUNE_STUDIO_MAX_FILE_BYTES); split the file",
-        "invalid_request_error",
-        "file",
-        "file_too_large",
-    )
+    """The 413 of an upload (POST /v1/files) over `max_file_bytes`, in OpenAI's shape (the
+    same answer as the store's own FileTooLarge, for a file the form's room let through)."""
+    refused = FileTooLarge(limit)
+    return error_body(str(refused), refused.error_type, refused.param, refused.code)
 
 
 def too_large_body(limit: int, openai: bool) -> dict[str, Any]:

@@ -14,8 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Any, Union
 
-from fastapi import Depends, Request
+from fastapi import Depends, Query, Request
 
+from finetune_studio.bounds import MAX_PAGE_ITEMS
 from finetune_studio.config import Settings
 from finetune_studio.files.store import FileStore
 from finetune_studio.jobs.service import JobService
@@ -25,6 +26,8 @@ from finetune_studio.supervisor.supervisor import Supervisor
 
 # Documented answers of a route, as FastAPI's `responses` takes them.
 Responses = dict[Union[int, str], dict[str, Any]]
+# A list route's page size (`limit: PageLimit = 20`): one bound for every list (bounds.py).
+PageLimit = Annotated[int, Query(ge=1, le=MAX_PAGE_ITEMS, description=f"How many items a page holds (1 to {MAX_PAGE_ITEMS})")]
 
 
 @dataclass(frozen=True)

@@ -17,12 +17,13 @@ from fastapi.responses import JSONResponse
 
 from finetune_studio.api.deps import Responses, Studio
 from finetune_studio.api.streaming import BoundedEventStream
+from finetune_studio.bounds import MAX_SQL_INTEGER
 from finetune_studio.errors import PastLastEvent
 from finetune_studio.jobs.phases import JobKind
 from finetune_studio.jobs.store import JobRecord
 
 # Event ids are SQLite integers: a larger cursor is refused (422) rather than overflowing.
-MAX_EVENT_ID = 2**63 - 1
+MAX_EVENT_ID = MAX_SQL_INTEGER
 STREAM_RETRY_SECONDS = 5
 # A stream route's two cursors, the header a reconnecting EventSource sends and the query a
 # client that cannot set headers uses; `open_event_stream` resumes after the larger.

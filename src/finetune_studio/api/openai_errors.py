@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 from fastapi.responses import JSONResponse
 
-from finetune_studio.errors import ChatError, StudioError
+from finetune_studio.errors import ChatError, StorageFailed, StudioError
 from finetune_studio.openai_wire import error_body
 from finetune_studio.text import clean_text
 
@@ -22,10 +22,23 @@ from finetune_studio.text import clean_text
 _NAMED_ERRORS = 3
 
 
+# Said with every StorageFailed answer: the openai SDK (and others that follow it) retries
+# every 5xx unless told not to, and a full disk would take the same 512 MiB upload three times.
+NO_RETRY = {"x-should-retry": "false"}
+
+
+def retry_headers(exc: StudioError) -> Optional[dict[str, str]]:
+    """The headers an error's answer carries to tell clients not to retry it, if any."""
+    return dict(NO_RETRY) if isinstance(exc, StorageFailed) else None
+
+
 def studio_error(exc: StudioError) -> JSONResponse:
     text = clean_text(str(exc))
     if isinstance(exc, ChatError):
         return JSONResponse(error_body(text, exc.error_type, exc.param, exc.code), status_code=exc.status_code)
+    if isinstance(exc, StorageFailed):
+        body = error_body(text, "server_error", None, exc.error_code)
+        return JSONResponse(body, status_code=exc.status_code, headers=retry_headers(exc))
     return _by_status(exc.status_code, text)
 
 

@@ -11,7 +11,8 @@ job's stored request under `OPENAI_JOB` (schemas.py). Here:
   `details.paused`); `validating_files` is never stored: a job's files are checked
   within the create request, before the job exists;
 - `job_object`, `job_events` (the event log, newest first: status events as message
-  events, progress events as `metrics` events), `job_checkpoints` (one per epoch end);
+  events, progress events as `metrics` events), `job_checkpoints` (one per epoch end,
+  and the one a pause saved: every checkpoint chat serves);
 - model names: `fine_tuned_model` is `ft:<base>:<suffix>:<job id>`, a checkpoint's
   `ft:<base>:<suffix>:<job id>:ckpt-step-<N>`; `parse_model_name` reads them back
   for chat (api/served_models.py).
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, cast
 
+from finetune_studio.bounds import MAX_SQL_INTEGER, cursor_number, excerpt
 from finetune_studio.errors import FileNotFound, InvalidChatRequest
 from finetune_studio.files.store import FileStore, StoredFile
 from finetune_studio.jobs.store import JobRecord, JobStore, StoredEvent
@@ -49,9 +51,9 @@ BASE_LEARNING_RATE = 2e-4
 # What "auto" means for each hyperparameter.
 AUTO: dict[str, float] = {"n_epochs": 3, "batch_size": 1, "learning_rate_multiplier": 1.0, "beta": 0.1}
 _RUNNING = {"loading_model", "loading_dataset", "configuring", "training"}
-_CHECKPOINT_TAIL = re.compile(r"^ckpt-step-(\d+)$")
-_EVENT_ID = re.compile(r"^ftevent-([0-9a-f]+)-(\d+)$")
-_CHECKPOINT_ID = re.compile(r"^ftckpt-([0-9a-f]+)-(\d+)$")
+_CHECKPOINT_TAIL = re.compile(r"^ckpt-step-([0-9]+)$")
+_EVENT_ID = re.compile(r"^ftevent-([0-9a-f]+)-([0-9]+)$")
+_CHECKPOINT_ID = re.compile(r"^ftckpt-([0-9a-f]+)-([0-9]+)$")
 
 
 # -- create -----------------------------------------------------------------------
@@ -203,10 +205,11 @@ def parse_model_name(model_id: str) -> Optional[ModelName]:
         return None
     head, _, tail = model_id.rpartition(":")
     match = _CHECKPOINT_TAIL.match(tail)
-    if match:
-        name, step = head, int(match.group(1))
+    step = cursor_number(match.group(1)) if match else None
+    if match and step is not None:
+        name = head
     else:
-        name, step = model_id, None
+        name, step = model_id, None  # a step past any a job has is no checkpoint: the whole id is looked up
     job_id = name.rpartition(":")[2]
     return ModelName(job_id, step) if job_id else None
 
@@ -291,8 +294,25 @@ def parse_event_cursor(job_id: str, after: Optional[str]) -> Optional[int]:
         return None
     match = _EVENT_ID.match(after)
     if match is None or match.group(1) != job_id:
-        raise InvalidChatRequest(f"after: {after!r} is not an event id of job {job_id}", param="after")
-    return int(match.group(2))
+        raise InvalidChatRequest(f"after: {_quoted(after)} is not an event id of job {job_id}", param="after")
+    return _cursor(match.group(2), "event", after)
+
+
+def _cursor(digits: str, what: str, after: str) -> int:
+    """A cursor's number, which must fit SQLite's integers (bounds.MAX_SQL_INTEGER)."""
+    number = cursor_number(digits)
+    if number is None:
+        raise InvalidChatRequest(
+            f"after: {_quoted(after)} names {what} number {excerpt(digits, 40)}, past the largest this server gives out"
+            f" ({MAX_SQL_INTEGER}): pass an id from an earlier page, or leave after out to start at the newest",
+            param="after",
+        )
+    return number
+
+
+def _quoted(text: str) -> str:
+    """A cursor as an error quotes it: whole when short, an excerpt when long."""
+    return repr(excerpt(text, 120))
 
 
 def job_events(store: JobStore, job: JobRecord, after: Optional[str], limit: int) -> tuple[list[FineTuningJobEvent], bool]:
@@ -376,16 +396,17 @@ def _trainer_state(folder: Path) -> Optional[dict[str, Any]]:
     return state if isinstance(state, dict) else None
 
 
-def epoch_checkpoints(job: JobRecord) -> list[tuple[int, Path]]:
-    """(step, folder) of each checkpoint at an epoch's end, newest first (the final one
-    included): what OpenAI lists. A checkpoint saved by a pause mid-epoch is not one."""
+def job_checkpoint_folders(job: JobRecord) -> list[tuple[int, Path]]:
+    """(step, folder) of each complete checkpoint of the job, newest first. For a job
+    created here, one at each epoch's end (the final one included), as OpenAI keeps
+    them, and the one a pause (or a cancel) saved mid-epoch; for a /train job, one at
+    every save_steps. Each is a chat model (`...:ckpt-step-N`, `checkpoint_folder`):
+    what chat serves is what is listed."""
     found = []
     for folder in JobFolder(Path(job.output_dir)).checkpoints.glob("checkpoint-*"):
-        step = folder.name.removeprefix("checkpoint-")
-        state = _trainer_state(folder) if step.isdigit() else None
-        epoch = state.get("epoch") if state else None
-        if isinstance(epoch, (int, float)) and epoch >= 1 and abs(epoch - round(epoch)) < 1e-6:
-            found.append((int(step), folder))
+        step = cursor_number(folder.name.removeprefix("checkpoint-"))
+        if step is not None and _trainer_state(folder) is not None:
+            found.append((step, folder))
     return sorted(found, reverse=True)
 
 
@@ -396,9 +417,9 @@ def job_checkpoints(
     if after is not None:
         match = _CHECKPOINT_ID.match(after)
         if match is None or match.group(1) != job.id:
-            raise InvalidChatRequest(f"after: {after!r} is not a checkpoint id of job {job.id}", param="after")
-        below = int(match.group(2))
-    listed = [(step, folder) for step, folder in epoch_checkpoints(job) if below is None or step < below]
+            raise InvalidChatRequest(f"after: {_quoted(after)} is not a checkpoint id of job {job.id}", param="after")
+        below = _cursor(match.group(2), "step", after)
+    listed = [(step, folder) for step, folder in job_checkpoint_folders(job) if below is None or step < below]
     page = [
         FineTuningJobCheckpoint(
             id=f"ftckpt-{job.id}-{step}",

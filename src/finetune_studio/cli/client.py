@@ -21,6 +21,7 @@ from urllib.parse import quote
 
 import httpx
 
+from finetune_studio.atomic import write_atomically
 from finetune_studio.jobs.phases import TERMINAL
 
 
@@ -196,21 +197,25 @@ class StudioClient:
         return self._request("GET", "/export/jobs", params=params)["data"]  # type: ignore[no-any-return]
 
     def download(self, export_id: str, name: str, target: Path, on_bytes: Optional[Callable[[int], None]] = None) -> Path:
-        """Fetch one file of a completed export into `target`, by way of `target.partial`:
-        a partial file left by an earlier try is resumed (HTTP Range), not fetched again."""
-        partial = target.with_name(target.name + ".partial")
-        target.parent.mkdir(parents=True, exist_ok=True)
+        """Fetch one file of a completed export into `target`, by way of its partial file
+        (`atomic.partial_path`): one left by an earlier try is resumed (HTTP Range), not
+        fetched again."""
+        url = f"/export/download/{export_id}/{quote(name)}"
+        with write_atomically(target, resume=True) as partial:
+            if not self._fetch_rest(url, name, partial, on_bytes):
+                partial.unlink(missing_ok=True)  # longer than the file: not a start of it; fetch it whole
+                if not self._fetch_rest(url, name, partial, on_bytes):
+                    raise StudioError(f"the server refused every range of {name}; run the command again")
+        return target
+
+    def _fetch_rest(self, url: str, name: str, partial: Path, on_bytes: Optional[Callable[[int], None]]) -> bool:
+        """Append to partial what it lacks of the file at url; False when partial is no start of it."""
         have = partial.stat().st_size if partial.exists() else 0
         headers = {"Range": f"bytes={have}-"} if have else {}
-        url = f"/export/download/{export_id}/{quote(name)}"
         try:
             with self.http.stream("GET", url, headers=headers, timeout=httpx.Timeout(30.0, read=300.0)) as response:
-                if response.status_code == 416:
-                    if response.headers.get("content-range") == f"bytes */{have}":  # it was whole already
-                        partial.replace(target)
-                        return target
-                    partial.unlink()  # longer than the file: not a start of it; fetch it whole
-                    return self.download(export_id, name, target, on_bytes)
+                if response.status_code == 416:  # whole already, or longer than the file
+                    return partial.exists() and response.headers.get("content-range") == f"bytes */{have}"
                 if response.status_code >= 400:
                     response.read()
                     self._json(response)
@@ -222,5 +227,4 @@ class StudioClient:
                             on_bytes(len(chunk))
         except httpx.TransportError as exc:
             raise StudioError(f"the download of {name} broke off ({exc}); run the command again to resume it") from None
-        partial.replace(target)
-        return target
+        return True

@@ -50,8 +50,8 @@ def prepare_smollm2(gguf: Path, models_dir: Path) -> Path:
         return target
     import torch
 
+    from finetune_studio.atomic import save_atomically
     from finetune_studio.training.models import ModelSource, load_tokenizer_and_model
-    from finetune_studio.wire import save_atomically
 
     print(f"converting {gguf.name} into {target} (once; about a minute) ...", flush=True)
     tokenizer, model = load_tokenizer_and_model(ModelSource("gguf", str(gguf)), dtype=torch.float32)

@@ -37,6 +37,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, Literal, Optional
 
+from finetune_studio.atomic import save_atomically, write_file
 from finetune_studio.export import files
 from finetune_studio.export.merge import JobRecord, MergeError, load_merged, save_merged
 from finetune_studio.export.process import ToolFailed
@@ -44,7 +45,7 @@ from finetune_studio.export.tools import LlamaCppTools, ToolsMissing, find_tools
 from finetune_studio.schemas import ErrorCode, ExportPhase, ExportProgress, ExportStartRequest
 from finetune_studio.training.channel import Channel, JobFailure, StopRequested, StopSignal, open_child_wire
 from finetune_studio.training.child import classify
-from finetune_studio.wire import OUT_OF_MEMORY_ADVICE, WorkerSpec, save_atomically
+from finetune_studio.wire import OUT_OF_MEMORY_ADVICE, WorkerSpec
 
 MERGED_FOLDER = "merged"
 MODELFILE = "Modelfile"
@@ -327,8 +328,7 @@ class Export:
             from_name, chat_template=chat_template, end_tokens=end_tokens, others=others or (), adapter_name=adapter
         )
         final = self.folder / MODELFILE
-        with files.write_atomically(final) as partial:
-            partial.write_text(text)
+        write_file(final, text)
         self.written.append(final)
 
     def clean_up(self) -> None:

@@ -16,7 +16,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from finetune_studio.export.files import write_atomically
+from finetune_studio.atomic import write_atomically
 from finetune_studio.export.process import run_tool
 from finetune_studio.export.tools import LlamaCppTools
 from finetune_studio.training.channel import StopSignal

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Optional
 
-from finetune_studio.export.files import write_atomically
+from finetune_studio.atomic import write_atomically
 from finetune_studio.export.process import run_tool
 from finetune_studio.training.channel import StopSignal
 

@@ -25,10 +25,11 @@ import shutil
 import subprocess
 import sys
 import tarfile
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Optional
+
+from finetune_studio.atomic import save_atomically
 
 # The llama-cpp-python release whose llama.cpp both the library and the scripts come from.
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"
@@ -163,9 +164,7 @@ def extract_tools(sdist: Path, target: Path, version: str = LLAMA_CPP_PYTHON_VER
     """Copy the converter scripts, `conversion/` and `gguf-py/` out of the sdist into
     target. The folder is written beside target and renamed, so it is whole or absent."""
     target = target.expanduser().resolve()
-    target.parent.mkdir(parents=True, exist_ok=True)
-    partial = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".partial", dir=target.parent))
-    try:
+    with save_atomically(target, unique=True) as partial:
         with tarfile.open(sdist, "r:gz") as archive:
             for member in archive:
                 parts = PurePosixPath(member.name).parts
@@ -186,12 +185,6 @@ def extract_tools(sdist: Path, target: Path, version: str = LLAMA_CPP_PYTHON_VER
         if missing:
             raise ToolsMissing(f"{sdist} holds no vendor/llama.cpp/{', '.join(missing)}: is it llama-cpp-python's sdist?")
         (partial / _VERSION_FILE).write_text(version + "\n")
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(partial, target)
-    except BaseException:
-        shutil.rmtree(partial, ignore_errors=True)
-        raise
     return LlamaCppTools(target)
 
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import secrets
 import sqlite3
 import time
@@ -32,7 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Optional
 
-from finetune_studio.errors import FileNotFound, InvalidFile
+from finetune_studio.atomic import is_partial, write_atomically
+from finetune_studio.errors import FileNotFound, FileTooLarge
 from finetune_studio.files.checks import STUDIO_SUFFIXES, FileFacts, check_file
 from finetune_studio.files.preference import write_dpo_rows
 from finetune_studio.jobs.store import connect
@@ -86,7 +86,7 @@ class FileStore:
 
     def _sweep_partials(self) -> None:
         """Uploads cut off by a crash leave `.partial` files; nothing refers to them."""
-        for partial in self.folder.glob(".*.partial"):
+        for partial in filter(is_partial, self.folder.iterdir()):
             with contextlib.suppress(OSError):
                 partial.unlink()
 
@@ -98,32 +98,39 @@ class FileStore:
         file_id = new_file_id()
         suffix = Path(filename).suffix.lower()
         final = self.folder / (file_id + (suffix if purpose == "studio" and suffix in STUDIO_SUFFIXES else ".jsonl"))
-        partial = self.folder / f".{final.name}.partial"
         derived = final.with_name(file_id + DPO_SUFFIX)
         try:
-            size = _copy(source, partial, max_bytes, filename)
-            facts = check_file(partial, purpose, filename)
-            if facts.format == "preference":
-                write_dpo_rows(partial, derived)
-            os.replace(partial, final)
+            with write_atomically(final) as partial:
+                size = _copy(source, partial, max_bytes, filename)
+                facts = check_file(partial, purpose, filename)
+                if facts.format == "preference":
+                    with write_atomically(derived) as rows:
+                        write_dpo_rows(partial, rows)
         except BaseException:
-            for path in (partial, derived):
-                with contextlib.suppress(OSError):
-                    path.unlink()
+            with contextlib.suppress(OSError):
+                derived.unlink()
             raise
         return Ingested(file_id, purpose, filename, size, final, facts)
 
     def record(self, ingested: Ingested) -> StoredFile:
+        """Insert the ingested file's row. When that fails (a full database), the file's
+        bytes are removed too: a file no row names would only take the space."""
         now = time.time()
-        with self._db:
-            self._db.execute("BEGIN IMMEDIATE")
-            seq = self._db.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM files").fetchone()[0]
-            self._db.execute(
-                "INSERT INTO files (id, seq, created_at, purpose, filename, bytes, path, facts_json)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (ingested.id, seq, now, ingested.purpose, ingested.filename, ingested.bytes, str(ingested.path),
-                 json.dumps(ingested.facts.to_json())),
-            )
+        try:
+            with self._db:
+                self._db.execute("BEGIN IMMEDIATE")
+                seq = self._db.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM files").fetchone()[0]
+                self._db.execute(
+                    "INSERT INTO files (id, seq, created_at, purpose, filename, bytes, path, facts_json)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    (ingested.id, seq, now, ingested.purpose, ingested.filename, ingested.bytes, str(ingested.path),
+                     json.dumps(ingested.facts.to_json())),
+                )
+        except BaseException:
+            for path in (ingested.path, ingested.path.with_name(ingested.id + DPO_SUFFIX)):
+                with contextlib.suppress(OSError):
+                    path.unlink()
+            raise
         return self.get(ingested.id)
 
     # -- reading ----------------------------------------------------------------
@@ -169,11 +176,7 @@ def _copy(source: BinaryIO, target: Path, max_bytes: int, filename: str) -> int:
         while chunk := source.read(_COPY_CHUNK):
             size += len(chunk)
             if size > max_bytes:
-                raise InvalidFile(
-                    f"{filename} is over this server's limit of {max_bytes} bytes per file (the operator sets it with"
-                    " FINETUNE_STUDIO_MAX_FILE_BYTES); split the file",
-                    param="file",
-                )
+                raise FileTooLarge(max_bytes)  # 413, as a body over the limit is
             out.write(chunk)
     return size
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Optional, Union, cast
 
 from finetune_studio.bounds import bound_status
-from finetune_studio.errors import InvalidTransition, StudioError
+from finetune_studio.errors import InvalidTransition, JobNotFound, StorageFailed, StudioError
 from finetune_studio.jobs.feed import CHUNK_BYTES, FRAME_OVERHEAD, KEEPALIVE, EventFeed, sse_frame
 from finetune_studio.jobs.phases import EXPORT_RUNNING, PHASES_OF, TERMINAL
 from finetune_studio.jobs.store import JobRecord, JobStore, StoredEvent
@@ -85,7 +85,7 @@ def _show_queue_position(
 ) -> None:
     """A queued job's status says its place in its queue: in the message and in
     `details.queue_position` (the same number)."""
-    if queue_position is not None and job.phase == "idle":
+    if queue_position is not None and status.phase == "idle":
         status.message = f"Queued (position {queue_position})"
         status.details = {**(status.details or {}), "queue_position": queue_position}
 
@@ -111,6 +111,9 @@ class JobService:
         self._feeds: dict[str, EventFeed] = {}
         # Open streams per job (see `open_reader`).
         self._readers: dict[str, int] = {}
+        # Ends that could not be written (the store failed): job id -> the arguments of
+        # its `transition`; the store shows their statuses meanwhile (JobStore.hold).
+        self._held: dict[str, tuple[str, str, Optional[str], dict[str, Any]]] = {}
 
     # -- writes -------------------------------------------------------------
 
@@ -157,6 +160,40 @@ class JobService:
         event = self.store.transition(job_id, status)
         self._publish(event, terminal=phase in TERMINAL)
         return event
+
+    def hold_end(
+        self, job_id: str, phase: str, message: str, *, error: Optional[str], details: dict[str, Any]
+    ) -> None:
+        """Keep in memory an end the store could not take (`StorageFailed`): every read
+        of the job shows it from now on (JobStore.hold), it is no longer queued, and
+        `write_held` writes it once the store takes writes."""
+        job = self.store.get_job(job_id)
+        status = make_status(
+            job_id, phase, message, error=error, details=details, kind=job.kind,
+            exported_job=str(job.request.get("job_id", "")),
+        )
+        self._held[job_id] = (phase, message, error, details)
+        self.store.hold(job_id, status)
+
+    def is_held(self, job_id: str) -> bool:
+        return job_id in self._held
+
+    def held_ids(self) -> list[str]:
+        """The jobs whose end is held in memory, not yet written."""
+        return list(self._held)
+
+    def write_held(self) -> bool:
+        """Write every held end; True when none is left. A held end the job's phase no
+        longer allows (it was stopped since) is dropped."""
+        for job_id, (phase, message, error, details) in list(self._held.items()):
+            try:
+                self.transition(job_id, phase, message, error=error, details=details)
+            except StorageFailed:
+                return False
+            except (InvalidTransition, JobNotFound):
+                self.store.hold(job_id, None)
+            self._held.pop(job_id, None)
+        return True
 
     def summary(self, job_id: str, request: dict[str, Any], ended: float) -> dict[str, Any]:
         """The run summary (`details.summary`) from the job's events, up to `ended`."""

@@ -11,6 +11,7 @@ and imports neither FastAPI nor torch.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sqlite3
 import time
@@ -18,7 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from finetune_studio.errors import InvalidTransition, JobNotFinished, JobNotFound
+from finetune_studio.errors import InvalidTransition, JobNotFinished, JobNotFound, StorageFailed
+from finetune_studio.failures import StorageHealth
 from finetune_studio.jobs.phases import KINDS, PROGRESS_PHASES, TERMINAL, allowed_from
 from finetune_studio.text import clean
 
@@ -78,6 +80,10 @@ MIGRATIONS: tuple[str, ...] = (
     );
     CREATE INDEX files_purpose_seq ON files (purpose, seq);
     ALTER TABLE jobs ADD COLUMN pause_requested INTEGER NOT NULL DEFAULT 0;
+    """,
+    # 4: one row the server rewrites to learn whether writes get through again (JobStore.probe_write)
+    """
+    CREATE TABLE write_probe (id INTEGER PRIMARY KEY CHECK (id = 1), at REAL NOT NULL);
     """,
 )
 
@@ -143,8 +149,16 @@ def connect(path: Path) -> sqlite3.Connection:
 
 
 class JobStore:
-    def __init__(self, path: Path) -> None:
+    """Jobs and their events in SQLite. Every write passes `health.writing()`: one that
+    fails for the storage's sake (a full disk, a read-only file system, a locked
+    database) raises `StorageFailed` and marks the data dir unhealthy until a write
+    gets through again (`/health` says `degraded` meanwhile)."""
+
+    def __init__(self, path: Path, health: Optional[StorageHealth] = None) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
+        self.health = health or StorageHealth()
+        # Statuses the store could not write, shown by every read until they are (see `hold`).
+        self._held: dict[str, dict[str, Any]] = {}
         self._db = connect(path)
         self._db.execute("PRAGMA journal_mode=WAL")
         # NORMAL in WAL mode survives a crash of this process; only power loss can
@@ -171,7 +185,7 @@ class JobStore:
             raise ValueError(f"unknown job kind {kind!r} (kinds: {', '.join(KINDS)})")
         now = time.time()
         data = _dumps(status)
-        with self._db:
+        with self.health.writing(), self._db:
             self._db.execute("BEGIN IMMEDIATE")
             seq = self._db.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM jobs").fetchone()[0]
             self._db.execute(
@@ -198,7 +212,7 @@ class JobStore:
         target = status["phase"]
         now = time.time()
         data = _dumps(status)
-        with self._db:
+        with self.health.writing(), self._db:
             self._db.execute("BEGIN IMMEDIATE")
             kind = self._kind_of(job_id)
             allowed = sorted(allowed_from(target, kind))
@@ -225,6 +239,7 @@ class JobStore:
                 "INSERT INTO events (job_id, id, kind, data, created_at) VALUES (?, ?, 'status', ?, ?)",
                 (job_id, event_id, data, now),
             )
+        self._held.pop(job_id, None)
         return StoredEvent(job_id, event_id, "status", data)
 
     def append_progress(self, job_id: str, progress: dict[str, Any]) -> Optional[StoredEvent]:
@@ -232,7 +247,7 @@ class JobStore:
         (`training`; an export's merging, converting, quantizing), else None."""
         now = time.time()
         data = _dumps(progress)
-        with self._db:
+        with self.health.writing(), self._db:
             self._db.execute("BEGIN IMMEDIATE")
             row = self._db.execute(
                 "UPDATE jobs SET progress_json = ?, updated_at = ?, last_event_id = last_event_id + 1"  # noqa: S608 (placeholders only)
@@ -248,19 +263,21 @@ class JobStore:
         return StoredEvent(job_id, row[0], "progress", data)
 
     def set_worker_pid(self, job_id: str, pid: Optional[int]) -> None:
-        self._db.execute("UPDATE jobs SET worker_pid = ? WHERE id = ?", (pid, job_id))
+        with self.health.writing():
+            self._db.execute("UPDATE jobs SET worker_pid = ? WHERE id = ?", (pid, job_id))
 
     def set_stop_requested(self, job_id: str, pause: bool = False) -> None:
         """Record a stop; with `pause`, one that leaves the job resumable (the latest request wins)."""
-        self._db.execute(
-            "UPDATE jobs SET stop_requested = 1, pause_requested = ? WHERE id = ?",
-            (int(pause), job_id),
-        )
+        with self.health.writing():
+            self._db.execute(
+                "UPDATE jobs SET stop_requested = 1, pause_requested = ? WHERE id = ?",
+                (int(pause), job_id),
+            )
 
     def set_project_name(self, job_id: str, project_name: Optional[str]) -> None:
         """Rename a job: the label in its stored request and in its current status (no
         event: a label is no phase change). JobNotFound for an unknown id."""
-        with self._db:
+        with self.health.writing(), self._db:
             self._db.execute("BEGIN IMMEDIATE")
             row = self._db.execute(
                 "UPDATE jobs SET request_json = json_set(request_json, '$.project_name', ?),"
@@ -274,7 +291,7 @@ class JobStore:
         """Remove finished jobs and their events in one transaction: all of them, or
         none if any is unknown or not in a terminal phase (JobNotFinished, naming it)."""
         marks = ",".join("?" * len(TERMINAL))
-        with self._db:
+        with self.health.writing(), self._db:
             self._db.execute("BEGIN IMMEDIATE")
             for job_id in job_ids:
                 phase = self._phase_of(job_id)
@@ -286,6 +303,37 @@ class JobStore:
                     f"DELETE FROM jobs WHERE id = ? AND phase IN ({marks})",  # noqa: S608 (placeholders only)
                     (job_id, *sorted(TERMINAL)),
                 )
+
+    def probe_write(self) -> bool:
+        """Write one small row: True when it got through (and the health is `ok` again),
+        False when it failed for the storage's sake (the health keeps the fault)."""
+        try:
+            with self.health.writing(), self._db:
+                self._db.execute("BEGIN IMMEDIATE")
+                self._db.execute(
+                    "INSERT INTO write_probe (id, at) VALUES (1, ?) ON CONFLICT (id) DO UPDATE SET at = excluded.at",
+                    (time.time(),),
+                )
+        except StorageFailed:
+            return False
+        return True
+
+    def hold(self, job_id: str, status: Optional[dict[str, Any]]) -> None:
+        """Show `status` (a terminal one that could not be written) as the job's own in
+        every read, and no longer list the job as queued, until a transition of the job
+        is written (or `status` is None). Held in memory only: a restart forgets it, and
+        recovery ends the job from what is stored."""
+        if status is None:
+            self._held.pop(job_id, None)
+        else:
+            self._held[job_id] = status
+
+    def _record(self, row: sqlite3.Row) -> JobRecord:
+        record = _record(row)
+        held = self._held.get(record.id)
+        if held is None:
+            return record
+        return dataclasses.replace(record, phase=str(held["phase"]), status=held)
 
     # -- reads --------------------------------------------------------------
 
@@ -307,6 +355,9 @@ class JobStore:
         row = self._db.execute("SELECT phase, status_json, kind FROM jobs WHERE id = ?", (job_id,)).fetchone()
         if row is None or (kind is not None and row[2] != kind):
             raise JobNotFound(job_id)
+        held = self._held.get(job_id)
+        if held is not None:
+            return str(held["phase"]), _dumps(held)
         return str(row[0]), _servable(str(row[1]))
 
     def get_job(self, job_id: str, kind: Optional[str] = None) -> JobRecord:
@@ -314,7 +365,7 @@ class JobStore:
         row = self._db.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
         if row is None or (kind is not None and row["kind"] != kind):
             raise JobNotFound(job_id)
-        return _record(row)
+        return self._record(row)
 
     def list_jobs(self, kind: Optional[str] = "train", exported_job: Optional[str] = None) -> list[JobRecord]:
         """Jobs of `kind` (None: every kind), newest first; with `exported_job`, only
@@ -325,7 +376,7 @@ class JobStore:
         if exported_job is not None:
             query += " AND json_extract(request_json, '$.job_id') = ?"
             params.append(exported_job)
-        return [_record(row) for row in self._db.execute(query + " ORDER BY seq DESC", params)]
+        return [self._record(row) for row in self._db.execute(query + " ORDER BY seq DESC", params)]
 
     def queued_job_ids(self, kind: Optional[str] = "train") -> list[str]:
         """Jobs of `kind` (None: every kind) waiting to run, first in first out."""
@@ -333,7 +384,7 @@ class JobStore:
             rows = self._db.execute("SELECT id FROM jobs WHERE phase = 'idle' ORDER BY seq")
         else:
             rows = self._db.execute("SELECT id FROM jobs WHERE kind = ? AND phase = 'idle' ORDER BY seq", (kind,))
-        return [str(row[0]) for row in rows]
+        return [str(row[0]) for row in rows if str(row[0]) not in self._held]
 
     def unfinished_jobs(self) -> list[JobRecord]:
         marks = ",".join("?" * len(TERMINAL))
@@ -341,7 +392,7 @@ class JobStore:
             f"SELECT * FROM jobs WHERE phase NOT IN ({marks}) ORDER BY seq",  # noqa: S608 (placeholders only)
             tuple(sorted(TERMINAL)),
         )
-        return [_record(row) for row in rows]
+        return [self._record(row) for row in rows]
 
     def progress_points(self, job_id: str) -> list[tuple[int, Optional[float], Optional[float], Optional[int]]]:
         """(step, loss, eval_loss, num_tokens) of each of the job's progress events, in

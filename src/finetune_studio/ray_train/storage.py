@@ -14,8 +14,8 @@ abfs://), a Ray job's files travel through it instead of a shared data directory
     <uri>/ray/<id>/                 Ray Train's own run state
 
 A marker written last is what makes a folder complete: object stores have no atomic
-rename, so a reader ignores a folder without one. Downloads land in a `.partial`
-folder renamed into place, so a local copy too is complete or absent.
+rename, so a reader ignores a folder without one. Downloads land in a partial file or
+folder renamed into place (`atomic`), so a local copy too is complete or absent.
 
 The driver runs on the server's machine and copies (`mirror`) each stored checkpoint
 and then the outputs into the job's folder there: chat, export and
@@ -24,17 +24,16 @@ resume_from_checkpoint find a cluster job's files where they find a local job's.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
 import shutil
-import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+from finetune_studio.atomic import save_atomically, write_atomically
 from finetune_studio.uris import join, redacted
 
 # The marker of a complete folder (written last, never copied down).
@@ -107,48 +106,28 @@ class Store:
         names = [name for name in self.files(rel) if name != STORED]
         if not names:
             raise StorageError(f"{join(redacted(self.uri), rel)} holds no files")
-        with self._partial(dest) as partial:
-            partial.mkdir()
-            for name in names:
-                target = partial / name
-                target.parent.mkdir(parents=True, exist_ok=True)
-                self._download(f"{rel}/{name}", target)
-            if dest.exists() and not replace:
-                return dest
-            if dest.exists():
-                shutil.rmtree(dest) if dest.is_dir() else dest.unlink()
-            try:
-                os.replace(partial, dest)
-            except OSError:
-                if replace or not dest.is_dir():
-                    raise
+        try:
+            with save_atomically(dest, unique=True, replace=replace) as partial:
+                for name in names:
+                    target = partial / name
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    self._download(f"{rel}/{name}", target)
+        except OSError as exc:
+            raise StorageError(self.problem("read", exc)) from exc
         return dest
 
     def get_file(self, rel: str, dest: Path) -> Path:
         """Copy the file `rel` to `dest`, complete or not at all."""
-        with self._partial(dest) as partial:
-            self._download(rel, partial)
-            os.replace(partial, dest)
+        try:
+            with write_atomically(dest, unique=True) as partial:
+                self._download(rel, partial)
+        except OSError as exc:
+            raise StorageError(self.problem("read", exc)) from exc
         return dest
 
     def _download(self, rel: str, target: Path) -> None:
         with self._fs.open_input_stream(self.path(rel)) as source, open(target, "wb") as out:
             shutil.copyfileobj(source, out, CHUNK)
-
-    @contextlib.contextmanager
-    def _partial(self, dest: Path) -> Iterator[Path]:
-        """A fresh name beside `dest` to download to; removed unless it was renamed into place."""
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        partial = dest.with_name(f".{dest.name}.partial-{uuid.uuid4().hex[:8]}")
-        try:
-            yield partial
-        except OSError as exc:
-            raise StorageError(self.problem("read", exc)) from exc
-        finally:
-            if partial.is_dir():
-                shutil.rmtree(partial, ignore_errors=True)
-            elif partial.exists():
-                partial.unlink()
 
     # -- writing ----------------------------------------------------------
 

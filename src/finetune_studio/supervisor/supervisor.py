@@ -26,6 +26,23 @@ child had not removed itself (a child killed mid-write) is removed here
 
 Restart: on start-up, `recovery.recover_jobs` ends every job that was running when
 the server went away (see there). Queued jobs stay queued and run in turn.
+
+Writes that fail (a full disk, a read-only file system, a locked database): starting
+a child and recording it go together. When the worker's pid cannot be recorded, the
+child is killed and reaped before anything else happens, and the job's end
+(`error` with `disk_full` or `storage_unavailable`) is held in memory by JobService
+(`hold_end`: every read shows it) until a write gets through; the job is not
+launched again meanwhile. Each failed start doubles the scheduler's pause before the
+next one (START_BACKOFF_SECONDS up to MAX_BACKOFF_SECONDS), and a slot is free only
+once its child has exited, so a store that keeps failing can never start more
+children than there are slots. A status from a running child that cannot be written
+ends that child the same way; a progress step that cannot be written is dropped.
+
+Commands act on the job as it is now: a stop or pause of a job queued again by a
+resume (whose previous run is still exiting) ends it at once, as for any queued job;
+a stop (OpenAI's cancel) overrides a pause still being carried out, so the job ends
+`stopped` without `paused`; a stop accepted during the last step ends `stopped`
+even though the child reports `completed`.
 """
 
 from __future__ import annotations
@@ -39,7 +56,8 @@ from pathlib import Path
 from typing import Any, Optional, TypeVar
 
 from finetune_studio.config import Settings
-from finetune_studio.errors import InvalidTransition, JobAlreadyFinished, NotPausable
+from finetune_studio.errors import InvalidTransition, JobAlreadyFinished, NotPausable, StorageFailed
+from finetune_studio.failures import storage_fault
 from finetune_studio.jobs.phases import KINDS, is_terminal
 from finetune_studio.jobs.service import JobService
 from finetune_studio.jobs.store import JobRecord
@@ -64,6 +82,9 @@ _Status = TypeVar("_Status", TrainingStatus, ExportStatus)
 # What each kind's worker is called in messages.
 _WORKER_NAME = {"train": "the training process", "export": "the export process"}
 _FAILED = {"train": "Training failed", "export": "Export failed"}
+# The scheduler's pause after a failed start, doubled by each failure in a row.
+START_BACKOFF_SECONDS = 0.5
+MAX_BACKOFF_SECONDS = 60.0
 
 
 @dataclass
@@ -109,6 +130,12 @@ class Supervisor:
         self._wake = asyncio.Event()
         self._loop_task: Optional[asyncio.Task[None]] = None
         self._closing = False
+        # Failed starts in a row, and the loop time before which nothing starts.
+        self._start_failures = 0
+        self._not_before = 0.0
+        self._timer: Optional[asyncio.TimerHandle] = None
+        self._retrying: Optional[asyncio.Task[None]] = None  # writes the held ends once the store takes them
+        service.store.health.listeners.append(self._keep_retrying)
 
     # -- life cycle ---------------------------------------------------------
 
@@ -123,10 +150,13 @@ class Supervisor:
     async def shutdown(self) -> None:
         """Stop running jobs cooperatively (they save), then make sure no worker outlives us."""
         self._closing = True
-        if self._loop_task:
-            self._loop_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._loop_task
+        if self._timer is not None:
+            self._timer.cancel()
+        for task in (self._loop_task, self._retrying):
+            if task:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         active = list(self._active.values())
         for job in active:
             await self._request_stop(job, reason="the server is shutting down")
@@ -157,17 +187,67 @@ class Supervisor:
     def _start_what_fits(self) -> None:
         if self._closing:
             return
+        loop = asyncio.get_running_loop()
+        if loop.time() < self._not_before:  # backing off after failed starts
+            if self._timer is None:
+                self._timer = loop.call_at(self._not_before, self._backoff_over)
+            return
         for kind in KINDS:
+            # A run holds its slot until its child has exited (see `_run`), superseded runs included.
             running = sum(1 for job in self._active.values() if job.kind == kind)
             for job_id in self.service.store.queued_job_ids(kind):
                 if running >= self.slots[kind]:
                     break
-                if job_id in self._active:
+                if job_id in self._active or self.service.is_held(job_id):
                     continue
                 active = self._prepare(self.service.store.get_job(job_id))
                 self._active[job_id] = active
                 running += 1
                 active.task = asyncio.create_task(self._run(active), name=f"{kind}-{job_id}")
+
+    def _backoff_over(self) -> None:
+        self._timer = None
+        self._wake.set()
+
+    def _start_failed(self) -> None:
+        """A start failed: wait before the next, twice as long as after the last failure."""
+        self._start_failures += 1
+        delay = min(MAX_BACKOFF_SECONDS, START_BACKOFF_SECONDS * 2 ** (self._start_failures - 1))
+        self._not_before = asyncio.get_running_loop().time() + delay
+        log.warning("a job's start failed (%d in a row); the next start waits %.1f s", self._start_failures, delay)
+
+    def _hold(self, job_id: str, text: str, failure: StorageFailed) -> None:
+        """End the job in memory (`error` with the storage's error code) until the store takes it."""
+        job = self.service.store.get_job(job_id)
+        details = {"output_dir": job.output_dir, "error_code": failure.error_code}
+        self._hold_end(job_id, "error", _FAILED[job.kind], f"{text[0].upper()}{text[1:]}: {failure}", details, failure)
+
+    def _hold_end(
+        self, job_id: str, phase: str, text: str, error: Any, details: Any, failure: StorageFailed
+    ) -> None:
+        log.error("job %s could not be written (%s); its end is held until a write succeeds", job_id, failure)
+        self.service.hold_end(
+            job_id, phase, text, error=None if error is None else str(error), details=dict(details or {})
+        )
+        self._keep_retrying()
+
+    def _keep_retrying(self) -> None:
+        """A write failed: retry (the held ends, else a probe) until one gets through."""
+        if self._closing or (self._retrying is not None and not self._retrying.done()):
+            return
+        with contextlib.suppress(RuntimeError):  # no running loop: a store used outside the server
+            self._retrying = asyncio.get_running_loop().create_task(self._retry_writes(), name="retry writes")
+
+    async def _retry_writes(self) -> None:
+        """Write the held ends as soon as the store takes them (backing off), then run the queue again."""
+        delay = START_BACKOFF_SECONDS
+        while True:
+            await asyncio.sleep(delay)
+            if self.service.write_held() and (self.service.store.health.fault is None or self.service.store.probe_write()):
+                log.info("the store takes writes again; every held job end is written")
+                self._wake.set()
+                return
+            delay = min(MAX_BACKOFF_SECONDS, delay * 2)
 
     def _prepare(self, job: JobRecord) -> ActiveJob:
         """The request a queued job's worker gets: as stored, with its secrets put back."""
@@ -189,13 +269,21 @@ class Supervisor:
         job_id = active.job_id
         try:
             await self._drive(active)
+        except StorageFailed as exc:  # a write that ended or recorded this run failed
+            if not active.superseded:
+                self._hold(job_id, "the server could not record this job's state", exc)
         except Exception:  # the supervisor must outlive any one job's failure
             log.exception("supervising job %s failed", job_id)
             if not active.superseded:
-                self._end_if_unfinished(job_id, "error", "internal_error", "the server failed while supervising this job")
+                try:
+                    self._end_if_unfinished(job_id, "error", "internal_error", "the server failed while supervising this job")
+                except StorageFailed as exc:
+                    self._hold(job_id, "the server failed while supervising this job", exc)
         finally:
             if active.escalation:
                 active.escalation.cancel()
+            # However this run ended, its child is gone before its slot is free.
+            await _reap(active.handle)
             self._active.pop(job_id, None)
             with contextlib.suppress(Exception):
                 self.service.set_worker(job_id, None)
@@ -218,17 +306,32 @@ class Supervisor:
         try:
             handle = await self.launchers[active.kind].launch(spec)
         except OSError as exc:
+            self._start_failed()
+            fault = storage_fault(exc)
+            if fault is not None and fault.error_code == "disk_full":  # the job's folder or log could not be written
+                raise StorageFailed(fault.error_code, f"{worker} could not start: {fault.message}") from exc
             self._end_if_unfinished(job_id, "error", "worker_failed_to_start", f"{worker} could not start: {exc}")
             return
         active.handle = handle
-        if handle.pid:
+        try:
+            # Starting a child and recording it are one step: a child that cannot be
+            # recorded is killed (by `_run`, before its slot is free) and never runs.
             self.service.set_worker(job_id, handle.pid)
+        except StorageFailed:
+            self._start_failed()
+            handle.kill()
+            raise
+        self._start_failures = 0
         if active.stop_requested:  # a stop arrived while we were launching
             await handle.request_stop()
             self._escalate_later(active)
 
         async for message in handle.messages():
-            self._apply(active, message)
+            try:
+                self._apply(active, message)
+            except StorageFailed:
+                handle.kill()  # a run whose state cannot be kept is ended (and its end held)
+                raise
         exit_info = dataclasses.replace(await handle.wait(), process=worker)
         if active.superseded:
             return
@@ -254,14 +357,27 @@ class Supervisor:
         kind = message.get("type")
         try:
             if kind == "status":
+                phase = str(message["phase"])
                 text, details = str(message.get("message", "")), message.get("details")
-                if message["phase"] == "stopped" and active.pause_requested:
+                if phase == "completed" and active.stop_requested and active.kind == "train":
+                    # The stop was accepted during the last step: the job ends as asked, with all it trained.
+                    phase, text = "stopped", f"Stopped after its last step ({text})"
+                if phase == "stopped" and active.pause_requested:
                     text, details = _paused(details)
-                self.service.transition(job_id, str(message["phase"]), text, error=message.get("error"), details=details)
-                if is_terminal(str(message["phase"])):
+                try:
+                    self.service.transition(job_id, phase, text, error=message.get("error"), details=details)
+                except StorageFailed as exc:
+                    if not is_terminal(phase):
+                        raise  # a run whose state cannot be kept is ended (see _drive)
+                    # The child's own end (all it saved) is held as it reported it, and written later.
+                    self._hold_end(job_id, phase, text, message.get("error"), details, exc)
+                if is_terminal(phase):
                     self._escalate_later(active)  # it has nothing left to do but exit
             elif kind == "progress":
-                self.service.record_progress(job_id, message["progress"], kind=active.kind)
+                try:
+                    self.service.record_progress(job_id, message["progress"], kind=active.kind)
+                except StorageFailed as exc:  # a step's metrics are lost; the run goes on
+                    log.warning("a progress event of job %s was not written: %s", job_id, exc)
         except InvalidTransition as exc:
             log.warning("ignored a phase change from the worker of %s: %s", job_id, exc)
         except (KeyError, ValueError, TypeError) as exc:
@@ -317,14 +433,16 @@ class Supervisor:
         Returns whether it was running, and whether a stop had been asked of it before."""
         if is_terminal(job.phase):
             raise JobAlreadyFinished(f"job {job.id} already ended in {job.phase}; there is nothing to stop")
-        active = self._active.get(job.id)
+        active = self._current(job.id)
         if active is None:
-            # Queued and not yet picked up: it never runs.
+            # Queued and not yet picked up (or queued again by a resume while its
+            # previous run still exits): it never runs.
             self._secrets.pop(job.id, None)
             self.service.transition(job.id, "stopped", "Stopped before it started", details={"output_dir": job.output_dir})
             return False, False
-        already = active.stop_requested
-        await self._request_stop(active, reason="a stop was requested")
+        already = active.stop_requested and not active.pause_requested
+        # A stop is final: it overrides a pause still being carried out (the job ends stopped, not paused).
+        await self._request_stop(active, reason="a stop was requested", pause=False)
         return True, already
 
     async def pause_job(self, job_id: str) -> TrainingStatus:
@@ -334,7 +452,7 @@ class Supervisor:
         job = self.service.store.get_job(job_id, kind="train")
         if is_terminal(job.phase):
             raise NotPausable(f"job {job_id} has ended ({job.phase}); only a queued or running job can be paused")
-        active = self._active.get(job_id)
+        active = self._current(job_id)
         if active is None:
             # Its secrets stay held for when it is resumed.
             self.service.transition(
@@ -343,6 +461,12 @@ class Supervisor:
         else:
             await self._request_stop(active, reason="a pause was requested", pause=True)
         return self.service.status_of(self.service.store.get_job(job_id))
+
+    def _current(self, job_id: str) -> Optional[ActiveJob]:
+        """The job's running run: None while it is queued, and for a superseded run (a
+        paused run still exiting after its job was resumed, which commands no longer reach)."""
+        active = self._active.get(job_id)
+        return None if active is None or active.superseded else active
 
     def resume_job(self, job_id: str) -> TrainingStatus:
         """Queue a paused job again, the same id, to continue from its last checkpoint."""
@@ -392,6 +516,20 @@ class Supervisor:
         await asyncio.sleep(self.settings.kill_grace_seconds)
         log.warning("job %s did not exit after SIGTERM; sending SIGKILL", job_id)
         handle.kill()
+
+
+async def _reap(handle: Optional[WorkerHandle]) -> None:
+    """Make sure a run's child is gone: killed if it still runs, and waited for."""
+    if handle is None:
+        return
+    try:
+        await asyncio.wait_for(asyncio.shield(handle.wait()), 0.05)
+    except asyncio.TimeoutError:
+        handle.kill()
+        with contextlib.suppress(Exception):
+            await handle.wait()
+    except Exception:  # noqa: BLE001 - nothing left to reap
+        log.debug("reaping a worker failed", exc_info=True)
 
 
 def _stop_answer(status: _Status, running: bool, already: bool, *, first: str, again: str) -> _Status:

@@ -12,7 +12,8 @@ import errno
 import sys
 import traceback
 from collections.abc import Iterator
-from typing import Optional
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Optional
 
 from finetune_studio.schemas import ErrorCode
 from finetune_studio.training.channel import (
@@ -22,7 +23,10 @@ from finetune_studio.training.channel import (
     open_child_wire,
     plain_channel,
 )
-from finetune_studio.wire import OUT_OF_MEMORY_ADVICE
+from finetune_studio.wire import OUT_OF_MEMORY_ADVICE, JobFolder
+
+if TYPE_CHECKING:
+    from finetune_studio.training.recipe import Recipe
 
 _MEMORY_WORDS = ("out of memory", "can't allocate memory", "cannot allocate memory")
 _DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
@@ -89,19 +93,37 @@ def main(argv: list[str] | None = None, make_channel: MakeChannel = plain_channe
             details=recipe.details(),
         )
     except JobFailure as exc:
-        channel.status(
-            "error",
-            "Training failed",
-            error=exc.message,
-            details={**recipe.details(), "error_code": exc.error_code},
-        )
+        details, _ = failed_details(recipe, exc.error_code)
+        channel.status("error", "Training failed", error=exc.message, details=details)
         return 1
     except BaseException as exc:  # noqa: BLE001 - every failure must reach the user
         traceback.print_exc()
         code, text = classify(exc)
-        channel.status("error", "Training failed", error=text, details={**recipe.details(), "error_code": code})
+        details, kept = failed_details(recipe, code)
+        if kept is not None:
+            text += (
+                f" The last complete checkpoint is kept ({kept.name}): a job started with resume_from_checkpoint"
+                f" {kept} goes on from it."
+            )
+        channel.status("error", "Training failed", error=text, details=details)
         return 1
     return 0
+
+
+def failed_details(recipe: Recipe, code: ErrorCode) -> tuple[dict[str, Any], Optional[Path]]:
+    """The details of a job that ended in error, and its last complete checkpoint: a
+    checkpoint the failure cut short (a full disk mid-save) is removed, so that it takes
+    no space and nothing resumes from it, and `last_checkpoint` names the newest one
+    that is whole (or is left out when there is none)."""
+    folder = JobFolder(recipe.output_dir)
+    for removed in folder.remove_partial_checkpoints():
+        print(f"removed the partial checkpoint {removed}", file=sys.stderr)
+    details = {**recipe.details(), "error_code": code}
+    kept = folder.last_checkpoint()
+    details.pop("last_checkpoint", None)
+    if kept is not None:
+        details["last_checkpoint"] = str(kept)
+    return details, kept
 
 
 if __name__ == "__main__":

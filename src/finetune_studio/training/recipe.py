@@ -18,11 +18,12 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
+from finetune_studio.atomic import save_atomically, write_file
 from finetune_studio.schemas import Phase, TrainingStartRequest, method_of
 from finetune_studio.training.channel import Channel, JobFailure, StopSignal
 from finetune_studio.training.datasets import DatasetError, LoadedData, load_eval_data, load_training_data, measure
 from finetune_studio.training.models import ModelSource, load_tokenizer_and_model, resolve_source
-from finetune_studio.wire import JobFolder, WorkerSpec, last_checkpoint, save_atomically
+from finetune_studio.wire import JobFolder, WorkerSpec, last_checkpoint
 
 if TYPE_CHECKING:  # transformers is imported only once the job has announced loading_model
     from transformers import EarlyStoppingCallback
@@ -497,7 +498,7 @@ class Recipe:
     def write_job_file(self, source: ModelSource) -> None:
         record = {"job_id": self.job_id, "base_model": source.to_json(), "method": self.method,
                   "training_type": self.request.training_type, "trust_remote_code": self.request.trust_remote_code}
-        self.folder.job_file.write_text(json.dumps(record, indent=2))
+        write_file(self.folder.job_file, json.dumps(record, indent=2))
 
     def save(self, trainer: Any, tokenizer: Any) -> None:
         """Write the adapter (or model) atomically: a folder appears complete or not at all."""

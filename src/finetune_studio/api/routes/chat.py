@@ -6,22 +6,23 @@ Generation runs in the inference child (`supervisor/inference.py`); a route send
 its request there and turns the child's messages into OpenAI's answer. A streamed
 answer starts only once the child has read the prompt, so that a request it cannot
 serve (an unloadable model, a prompt over the context) still gets its 4xx status.
-A client that goes away is noticed (the stream's end, or a disconnect while it
-waits) and its request is cancelled in the child.
+The chat route is `@request_scoped` (api/request_scoped.py): a client that goes
+away, while it waits or while its answer streams, takes its request with it (it
+is cancelled in the child).
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Awaitable
-from typing import Any, Optional, TypeVar
+from collections.abc import AsyncIterator
+from typing import Any, Optional
 
-from fastapi import APIRouter, Request, Response, status
+from fastapi import APIRouter, Response, status
 from fastapi.responses import JSONResponse
 
 from finetune_studio.api.deps import Responses, StudioDep
+from finetune_studio.api.request_scoped import request_scoped
 from finetune_studio.api.served_models import resolve_model, served_models
 from finetune_studio.api.streaming import BoundedEventStream
 from finetune_studio.errors import ChatError, InferenceUnavailable, InvalidChatRequest, ModelNotFound
@@ -45,9 +46,6 @@ from finetune_studio.wire import SamplingParams
 
 router = APIRouter(prefix="/v1", tags=["openai"])
 DONE = b"data: [DONE]\n\n"
-# nginx's code for "the client closed the request": what is logged for an answer nobody reads.
-_CLIENT_GONE = 499
-_T = TypeVar("_T")
 
 _ERRORS: Responses = {
     status.HTTP_400_BAD_REQUEST: {"model": ErrorResponse, "description": "A bad parameter; `error.param` names it"},
@@ -72,7 +70,8 @@ async def list_models(studio: StudioDep) -> ModelList:
 
 
 @router.post("/chat/completions", response_model=ChatCompletion, responses={**_STREAM, **_ERRORS})
-async def chat_completions(body: ChatCompletionRequest, request: Request, studio: StudioDep) -> Response:
+@request_scoped
+async def chat_completions(body: ChatCompletionRequest, studio: StudioDep) -> Response:
     """OpenAI's chat completion over a trained job or a base model. `temperature: 0` is greedy."""
     model = resolve_model(studio.service.store, body.model)
     params: SamplingParams = {
@@ -86,9 +85,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, studio
     generation = await studio.inference.generate(model, messages, params)
     streaming = False
     try:
-        started = await _unless_disconnected(request, generation.next())
-        if started is None:
-            return Response(status_code=_CLIENT_GONE)
+        started = await generation.next()
         _raise_if_failed(started)
         created = int(time.time())
         if body.stream:
@@ -102,9 +99,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, studio
             )
             streaming = True  # the stream owns the generation now: it closes it however it ends
             return response
-        answer = await _unless_disconnected(request, _collect(generation, body.model, created, started))
-        if answer is None:
-            return Response(status_code=_CLIENT_GONE)
+        answer = await _collect(generation, body.model, created, started)
         return JSONResponse(answer.model_dump(mode="json"))
     finally:
         if not streaming:
@@ -208,24 +203,3 @@ def _raise_if_failed(message: dict[str, Any]) -> None:
         raise _error_of(message)
     if message.get("type") != "started":
         raise ChatError(f"the inference process answered {message.get('type')!r} where it should have started the request")
-
-
-async def _unless_disconnected(request: Request, work: Awaitable[_T]) -> Optional[_T]:
-    """`work`'s result, or None when the client disconnects first (the work is cancelled)."""
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_disconnect(request))
-    try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for pending in (task, watcher):
-            if not pending.done():
-                pending.cancel()
-    if task.cancelled() or not task.done():
-        return None
-    return task.result()
-
-
-async def _disconnect(request: Request) -> None:
-    """Returns when the client has gone (the body is read: what `receive` gives next is the disconnect)."""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass

@@ -3,7 +3,9 @@
 The request passes the admission a start request passes for its paths (allowed
 folders, files that exist, sizes), then the data is read and checked in a child
 process (`supervisor/inspector.py`): the server itself never imports the dataset
-or tokenizer libraries. Nothing is queued and no job is created.
+or tokenizer libraries. Nothing is queued and no job is created. The route is
+`@request_scoped` (api/request_scoped.py): a client that goes away takes its
+inspection with it (the child is killed, its slot freed).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from fastapi.responses import JSONResponse
 
 from finetune_studio.api.admission import check_datasets, check_finite, check_paths
 from finetune_studio.api.deps import StudioDep
+from finetune_studio.api.request_scoped import request_scoped
 from finetune_studio.errors import InspectionBusy, StartRefused
 from finetune_studio.schemas import DatasetInspection, DatasetInspectRequest
 from finetune_studio.supervisor.inspector import RETRY_AFTER_SECONDS, Inspector
@@ -37,6 +40,7 @@ def inspector_of(request: Request) -> Inspector:
 
 
 @router.post("/inspect", response_model=DatasetInspection, responses=_ANSWERS)
+@request_scoped
 async def inspect_dataset(body: DatasetInspectRequest, studio: StudioDep, request: Request) -> Any:
     """Read and check the data as a job would, and report its shape, rows, a preview of
     the first rows as the model sees them (the part the loss covers marked), token

@@ -24,6 +24,7 @@ from finetune_studio.api.job_stream import (
     status_answer,
     stream_responses,
 )
+from finetune_studio.api.ranges import FileDownload
 from finetune_studio.errors import JobNotFound
 from finetune_studio.export.tools import tools_problem
 from finetune_studio.jobs.store import JobRecord
@@ -199,7 +200,8 @@ def _listed_file(export: JobRecord, name: str) -> Optional[ExportFile]:
 @router.get("/download/{export_id}/{name:path}", response_class=FileResponse, responses=_DOWNLOAD)
 async def download_export_file(export: ExportDep, name: str) -> Response:
     """A file of a completed export, by its name in `details.files`. HTTP Range is
-    honoured (206 with Content-Range; 416 past the end), so a large download resumes;
+    honoured (206 with Content-Range; 416 past the end; a malformed Range is ignored,
+    as HTTP says: 200 with the whole file), so a large download resumes;
     `Repr-Digest` carries the file's SHA-256."""
     if export.phase != "completed":
         return JSONResponse(
@@ -226,4 +228,4 @@ async def download_export_file(export: ExportDep, name: str) -> Response:
         headers["Repr-Digest"] = f"sha-256=:{base64.b64encode(bytes.fromhex(listed.sha256)).decode()}:"
     except ValueError:
         pass  # a child that listed no proper digest: the file is still served
-    return FileResponse(path, filename=PurePosixPath(name).name, media_type="application/octet-stream", headers=headers)
+    return FileDownload(path, filename=PurePosixPath(name).name, media_type="application/octet-stream", headers=headers)

@@ -12,12 +12,16 @@ file never holds the loop. The page's uploads call `receive_upload` too (purpose
 from __future__ import annotations
 
 import asyncio
+from pathlib import PurePath
 from typing import Annotated, Literal, Optional
 
-from fastapi import APIRouter, File, Form, Query, UploadFile, status
+from fastapi import APIRouter, File, Form, Request, UploadFile, status
 from fastapi.responses import FileResponse
+from starlette.datastructures import FormData
 
-from finetune_studio.api.deps import Responses, Studio, StudioDep
+from finetune_studio.api.deps import PageLimit, Responses, Studio, StudioDep
+from finetune_studio.api.ranges import FileDownload
+from finetune_studio.bounds import MAX_PAGE_ITEMS
 from finetune_studio.errors import InvalidFile
 from finetune_studio.files.checks import PURPOSES
 from finetune_studio.files.store import StoredFile
@@ -29,21 +33,58 @@ _ERRORS: Responses = {
     status.HTTP_404_NOT_FOUND: {"model": ErrorResponse, "description": "No file has this id"},
     status.HTTP_413_CONTENT_TOO_LARGE: {"model": ErrorResponse, "description": "The file is over max_file_bytes"},
 }
+_STORAGE: Responses = {
+    status.HTTP_503_SERVICE_UNAVAILABLE: {"model": ErrorResponse, "description": "The data directory cannot be written"},
+    507: {"model": ErrorResponse, "description": "The disk is full: the message says what to free (x-should-retry: false)"},
+}
+# The longest name a file is kept under (a file name's limit on Linux), and the longest
+# suffix kept whole when a name is cut to it.
+MAX_FILENAME_CHARS = 255
+MAX_SUFFIX_CHARS = 16
 
 
 async def receive_upload(studio: Studio, upload: UploadFile, purpose: str) -> StoredFile:
     """Store an upload for `purpose` (`fine-tune` or `studio`), checked: the Python API
-    for any route that takes a file. InvalidFile (400) names what is wrong."""
+    for any route that takes a file. InvalidFile (400) names what is wrong; a file over
+    the limit is FileTooLarge (413); a write the data dir cannot take is StorageFailed
+    (507 for a full disk), and leaves nothing of the file behind."""
     if purpose not in PURPOSES:
         raise InvalidFile(
             f"purpose {purpose!r} is not one this server keeps files for: use \"fine-tune\" (OpenAI's chat or"
             " preference JSONL, for /v1/fine_tuning/jobs) or \"studio\" (a dataset file the studio reads)",
             param="purpose",
         )
-    filename = (upload.filename or "upload.jsonl").replace("/", "_").replace("\\", "_")[:255]
+    filename = stored_filename(upload.filename)
     files = studio.files
-    ingested = await asyncio.to_thread(files.ingest, upload.file, filename, purpose, studio.settings.max_file_bytes)
-    return files.record(ingested)
+    # The file store writes the data dir: its failures count for /health as the job store's do.
+    with studio.service.store.health.writing():
+        ingested = await asyncio.to_thread(files.ingest, upload.file, filename, purpose, studio.settings.max_file_bytes)
+        return files.record(ingested)
+
+
+def stored_filename(given: Optional[str]) -> str:
+    """The name an upload is kept under: no folder separators, at most MAX_FILENAME_CHARS
+    characters. A longer name loses the end of its stem, never its suffix (which says
+    what the file is: `.jsonl`), so the suffix is checked as it was sent."""
+    name = (given or "upload.jsonl").replace("/", "_").replace("\\", "_")
+    if len(name) <= MAX_FILENAME_CHARS:
+        return name
+    suffix = PurePath(name).suffix
+    if len(suffix) > MAX_SUFFIX_CHARS:  # no suffix the studio knows: cut like any other text
+        suffix = ""
+    return name[: MAX_FILENAME_CHARS - len(suffix)] + suffix
+
+
+def refuse_repeated_fields(form: FormData, fields: tuple[str, ...]) -> None:
+    """A form with two parts of one name (two `file` parts): which one was meant cannot be
+    known, so neither is taken (a multipart parser keeps the last one, silently)."""
+    for field in fields:
+        count = len(form.getlist(field))
+        if count > 1:
+            raise InvalidFile(
+                f"the form has {count} {field!r} parts; an upload takes one {field!r} (send one file per request)",
+                param=field,
+            )
 
 
 def file_object(stored: StoredFile) -> FileObject:
@@ -53,14 +94,16 @@ def file_object(stored: StoredFile) -> FileObject:
     )
 
 
-@router.post("", responses=_ERRORS)
+@router.post("", responses={**_ERRORS, **_STORAGE})
 async def upload_file(
+    request: Request,
     studio: StudioDep,
     file: Annotated[UploadFile, File(description="The file: JSONL in OpenAI's chat or preference format for fine-tune")],
     purpose: Annotated[str, Form(description='"fine-tune" (OpenAI\'s formats, checked line by line) or "studio"')],
 ) -> FileObject:
     """Upload a file. A `fine-tune` file is checked at once: a bad line is a 400 naming it."""
     try:
+        refuse_repeated_fields(await request.form(), ("file", "purpose"))  # the form FastAPI parsed, cached
         return file_object(await receive_upload(studio, file, purpose))
     finally:
         await file.close()
@@ -71,7 +114,7 @@ async def list_files(
     studio: StudioDep,
     purpose: Optional[str] = None,
     after: Optional[str] = None,
-    limit: Annotated[int, Query(ge=1, le=10_000)] = 10_000,
+    limit: PageLimit = MAX_PAGE_ITEMS,
     order: Literal["asc", "desc"] = "desc",
 ) -> FileList:
     """The stored files, newest first (or oldest first with `order=asc`), `limit` a page, after the file `after`."""
@@ -87,12 +130,13 @@ async def retrieve_file(file_id: str, studio: StudioDep) -> FileObject:
 
 @router.get("/{file_id}/content", response_class=FileResponse, responses=_ERRORS)
 async def file_content(file_id: str, studio: StudioDep) -> FileResponse:
-    """The file's bytes, as uploaded."""
+    """The file's bytes, as uploaded (HTTP Range honoured; a malformed Range is ignored, as HTTP says)."""
     stored = studio.files.get(file_id)
-    return FileResponse(stored.path, filename=stored.filename, media_type="application/octet-stream")
+    return FileDownload(stored.path, filename=stored.filename, media_type="application/octet-stream")
 
 
-@router.delete("/{file_id}", responses=_ERRORS)
+@router.delete("/{file_id}", responses={**_ERRORS, **_STORAGE})
 async def delete_file(file_id: str, studio: StudioDep) -> FileDeleted:
     """Remove the file. A job already queued with it fails when it starts, saying the file is gone."""
-    return FileDeleted(id=studio.files.delete(file_id).id)
+    with studio.service.store.health.writing():
+        return FileDeleted(id=studio.files.delete(file_id).id)

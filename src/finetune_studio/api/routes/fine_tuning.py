@@ -9,11 +9,11 @@ between the two faces lives in api/openai_jobs.py.
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from typing import Optional
 
-from fastapi import APIRouter, Query, status
+from fastapi import APIRouter, status
 
-from finetune_studio.api.deps import JobDep, Responses, StudioDep
+from finetune_studio.api.deps import JobDep, PageLimit, Responses, StudioDep
 from finetune_studio.api.openai_jobs import job_checkpoints, job_events, job_object, training_request
 from finetune_studio.api.routes.train import queue_training
 from finetune_studio.errors import InvalidChatRequest
@@ -33,7 +33,6 @@ _ERRORS: Responses = {
     status.HTTP_404_NOT_FOUND: {"model": ErrorResponse, "description": "No job has this id"},
     status.HTTP_409_CONFLICT: {"model": ErrorResponse, "description": "The job is not in a state that allows this"},
 }
-_PAGE = Annotated[int, Query(ge=1, le=10_000)]
 
 
 @router.post("/jobs", responses=_ERRORS)
@@ -45,7 +44,7 @@ async def create_job(body: FineTuningJobRequest, studio: StudioDep) -> FineTunin
 
 
 @router.get("/jobs", responses=_ERRORS)
-async def list_jobs(studio: StudioDep, after: Optional[str] = None, limit: _PAGE = 20) -> FineTuningJobList:
+async def list_jobs(studio: StudioDep, after: Optional[str] = None, limit: PageLimit = 20) -> FineTuningJobList:
     """Every training job, newest first; `after` a job id, `has_more` whether older ones follow."""
     jobs = studio.service.store.list_jobs()
     if after is not None:
@@ -83,7 +82,7 @@ async def resume_job(job: JobDep, studio: StudioDep) -> FineTuningJob:
 
 
 @router.get("/jobs/{job_id}/events", responses=_ERRORS)
-async def list_events(job: JobDep, studio: StudioDep, after: Optional[str] = None, limit: _PAGE = 20) -> FineTuningJobEventList:
+async def list_events(job: JobDep, studio: StudioDep, after: Optional[str] = None, limit: PageLimit = 20) -> FineTuningJobEventList:
     """The job's events, newest first: messages from its status changes, `metrics` from its steps."""
     events, more = job_events(studio.service.store, job, after, limit)
     return FineTuningJobEventList(data=events, has_more=more)
@@ -91,9 +90,9 @@ async def list_events(job: JobDep, studio: StudioDep, after: Optional[str] = Non
 
 @router.get("/jobs/{job_id}/checkpoints", responses=_ERRORS)
 async def list_checkpoints(
-    job: JobDep, studio: StudioDep, after: Optional[str] = None, limit: _PAGE = 10
+    job: JobDep, studio: StudioDep, after: Optional[str] = None, limit: PageLimit = 10
 ) -> FineTuningJobCheckpointList:
-    """The checkpoint at each epoch's end (the final one included), newest first; each is a chat model."""
+    """The checkpoint at each epoch's end (the final one included) and one a pause saved, newest first; each is a chat model."""
     checkpoints, more = job_checkpoints(studio.service.store, job, after, limit)
     return FineTuningJobCheckpointList(
         data=checkpoints,

@@ -19,7 +19,8 @@ from finetune_studio.api.job_stream import (
     status_answer,
     stream_responses,
 )
-from finetune_studio.errors import StudioError
+from finetune_studio.errors import JobNotFinished, StudioError
+from finetune_studio.jobs.phases import is_terminal
 from finetune_studio.jobs.store import JobRecord
 from finetune_studio.schemas import (
     QUEUED_WARNINGS,
@@ -186,7 +187,9 @@ async def patch_job(job_id: str, patch: JobPatch, studio: StudioDep) -> JobDetai
 )
 async def delete_job(job_id: str, studio: StudioDep) -> Response:
     """Delete a finished job: its events, its folder (checkpoints, adapter, logs), its
-    exports and their files; chat lets go of its model. 409 while it is queued or running."""
+    exports and their files; chat lets go of its model. 409 while it, or an export of it,
+    is queued or running."""
+    refuse_while_exporting(studio, studio.service.store.get_job(job_id, kind="train"))
     folders = studio.service.delete_job(job_id)
     # The chat child may hold this job's adapter: it lets go of its models (a later chat loads them again).
     await studio.inference.unload()
@@ -194,3 +197,16 @@ async def delete_job(job_id: str, studio: StudioDep) -> Response:
     if problems:
         raise StudioError(f"job {job_id} was deleted, but some of its files could not be removed: {'; '.join(problems)}")
     return Response(status_code=status.HTTP_204_NO_CONTENT)
+
+
+def refuse_while_exporting(studio: Studio, job: JobRecord) -> None:
+    """A finished job whose export is queued or running cannot be deleted yet: the
+    export reads the job's folder. The 409 names the job, and the export that holds it."""
+    for export in studio.service.store.list_jobs(kind="export", exported_job=job.id):
+        if not is_terminal(export.phase):
+            state = "queued" if export.phase == "idle" else f"running ({export.phase})"
+            raise JobNotFinished(
+                f"job {job.id} cannot be deleted while its export {export.id} is {state}: the export reads the"
+                f" job's folder. Stop the export (POST /export/stop/{export.id}) or wait until it has finished,"
+                " then delete the job"
+            )
