@@ -63,7 +63,7 @@ class Bare:
 
         from finetune_studio.training.models import ModelSource, load_tokenizer_and_model
 
-        # As the chat process does (inference/models.load_base): float32 on a CPU, bf16 on a GPU that has it.
+        # As the chat process does (inference/models.load_transformers): float32 on a CPU, bf16 on a GPU that has it.
         cuda = torch.cuda.is_available()
         dtype = torch.bfloat16 if cuda and torch.cuda.is_bf16_supported() else torch.float32
         self.device = torch.device("cuda" if cuda else "cpu")

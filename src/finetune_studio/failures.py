@@ -1,8 +1,9 @@
 """What went wrong, from an exception: the one table of failure causes and their advice.
 
 Every process asks this module: the server (a write to its database or its files
-that failed: `storage_fault`), and the children (`cause_of`, under their own error
-codes and advice). Plain Python, importable anywhere.
+that failed: `storage_fault`; a child killed by SIGKILL: `advice`), and the children
+(`classify`: the training child, and the export child for what is not a tool's
+failure; `cause_of`: the chat child). Plain Python, importable anywhere.
 
     cause              how it is recognised
     out_of_memory      MemoryError, torch's OutOfMemoryError, ENOMEM, "out of memory" ...
@@ -38,7 +39,7 @@ RULES: tuple[_Rule, ...] = (
     _Rule(
         "out_of_memory",
         (errno.ENOMEM,),
-        ("out of memory", "can't allocate memory", "cannot allocate memory", "bad_alloc"),
+        ("out of memory", "can't allocate memory", "cannot allocate memory", "bad_alloc", "memoryerror"),
         ("MemoryError", "OutOfMemoryError"),
     ),
     _Rule(
@@ -59,18 +60,68 @@ RULES: tuple[_Rule, ...] = (
     ),
 )
 
-# What to do about each cause, said to the server's operator (the data dir is theirs).
-STORAGE_ADVICE: dict[Cause, str] = {
-    "disk_full": (
+# Who is told: the process whose work failed.
+Process = Literal["train", "export", "chat", "server"]
+
+# What to do about each cause, in each process: the one place each advice is phrased.
+ADVICE: dict[tuple[Cause, Process], str] = {
+    ("out_of_memory", "train"): (
+        "Try a smaller batch_size with more gradient_accumulation_steps (the same effective batch), a shorter"
+        " max_seq_length, load_in_4bit, gradient_checkpointing, or a smaller model."
+    ),
+    ("out_of_memory", "export"): (
+        "An export loads the whole model: free memory (stop a training job or the chat's loaded models) and start"
+        " it again, or export on a machine with more memory."
+    ),
+    ("out_of_memory", "chat"): (
+        "Ask for fewer tokens (max_tokens), keep fewer models loaded (max_loaded_models), or answer while no"
+        " training job runs."
+    ),
+    ("out_of_memory", "server"): "Free memory on the server's machine; the server retries on its own.",
+    ("disk_full", "train"): (
+        "Free space on the disk that holds the data directory (each job's checkpoints are written there), or"
+        " raise save_steps (0 saves no checkpoints) so fewer are written."
+    ),
+    ("disk_full", "export"): (
+        "Free space on the disk that holds the data directory: while it runs, a GGUF export holds the merged model"
+        " and a 16-bit GGUF (each about twice the parameter count in bytes) besides the files asked for."
+    ),
+    ("disk_full", "server"): (
         "Free space on the disk that holds the data directory (old jobs' checkpoints and exports are the"
-        " largest files there: delete finished jobs you no longer need); the server retries on its own"
+        " largest files there: delete finished jobs you no longer need); the server retries on its own."
     ),
-    "storage_unavailable": (
+    ("storage_unavailable", "server"): (
         "Check that the data directory is on a writable, mounted file system and that no other program holds"
-        " its database; the server retries on its own"
+        " its database; the server retries on its own."
     ),
-    "out_of_memory": "Free memory on the server's machine; the server retries on its own",
 }
+# What the sentence that names each cause starts with.
+_HEADLINE: dict[Cause, str] = {
+    "out_of_memory": "Out of memory",
+    "disk_full": "The disk is full",
+    "storage_unavailable": "The data directory cannot be written",
+}
+
+
+def advice(cause: Cause, process: Process) -> str:
+    """What the user of `process` should do about `cause` (the server's advice where the process has none)."""
+    return ADVICE.get((cause, process)) or ADVICE[(cause, "server")]
+
+
+def first_line(exc: BaseException) -> str:
+    """The exception's first line (at most 200 characters), or its type's name."""
+    text = str(exc).strip()
+    return text.splitlines()[0][:200] if text else type(exc).__name__
+
+
+def classify(exc: BaseException, process: Process) -> Optional[tuple[Cause, str]]:
+    """For a child's unexpected failure: `out_of_memory` or `disk_full` with a sentence
+    that says what to do, or None (the caller's own code: `training_failed` ...). A
+    child's other OSErrors (a file it may not read) are its own to explain."""
+    cause = cause_of(exc)
+    if cause not in ("out_of_memory", "disk_full"):
+        return None
+    return cause, f"{_HEADLINE[cause]} ({first_line(exc)}). {advice(cause, process)}"
 
 
 def chain(exc: BaseException) -> Iterator[BaseException]:
@@ -81,6 +132,15 @@ def chain(exc: BaseException) -> Iterator[BaseException]:
         seen.add(id(current))
         yield current
         current = current.__cause__ or current.__context__
+
+
+def cause_in_text(text: str) -> Optional[Cause]:
+    """The cause whose words a tool's output shows (llama.cpp's converter or quantizer), if any."""
+    lowered = text.lower()
+    for rule in RULES:
+        if any(word in lowered for word in rule.words):
+            return rule.cause
+    return None
 
 
 def cause_of(exc: BaseException) -> Optional[Cause]:
@@ -118,9 +178,7 @@ def storage_fault(exc: BaseException) -> Optional[StorageFault]:
         cause = "storage_unavailable"
     if cause == "out_of_memory":
         return None  # not the storage's fault: the caller's own handling applies
-    what = "The disk is full" if cause == "disk_full" else "The data directory cannot be written"
-    detail = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
-    return StorageFault(cause, f"{what} ({detail}). {STORAGE_ADVICE[cause]}.")
+    return StorageFault(cause, f"{_HEADLINE[cause]} ({first_line(exc)}). {advice(cause, 'server')}")
 
 
 class StorageHealth:

@@ -273,13 +273,15 @@ class Hyperparameters(BaseModel):
         default="auto", description="Scales the base learning rate, 2e-4 for LoRA (auto: 1)."
     )
 
-    @field_validator("*", mode="before")
+    @field_validator("n_epochs", "batch_size", mode="before")
     @classmethod
-    def _no_booleans(cls, value: Any) -> Any:
-        # `true` is no number (pydantic's lax mode reads it as 1 or 1.0).
-        if isinstance(value, bool):
-            raise PydanticCustomError("number_type", 'must be "auto" or a number, not true or false', {})
-        return value
+    def _auto_or_whole(cls, value: Any) -> Any:
+        return auto_or_number(value, whole=True)
+
+    @field_validator("learning_rate_multiplier", mode="before")
+    @classmethod
+    def _auto_or_number(cls, value: Any) -> Any:
+        return auto_or_number(value, whole=False)
 
     @field_validator("n_epochs", "batch_size")
     @classmethod
@@ -298,6 +300,34 @@ class Hyperparameters(BaseModel):
 
 class DpoHyperparameters(Hyperparameters):
     beta: Union[Auto, float] = Field(default="auto", description="DPO's beta (auto: 0.1).")
+
+    @field_validator("beta", mode="before")
+    @classmethod
+    def _auto_or_beta(cls, value: Any) -> Any:
+        return auto_or_number(value, whole=False)
+
+
+def auto_or_number(value: Any, whole: bool) -> Any:
+    """A hyperparameter as given, when it is "auto" or a JSON number (an integer, when
+    `whole`); anything else, `true` included (which pydantic's lax mode reads as 1), is
+    refused here with one error at the field, not one per member of the union."""
+    if value == "auto" or (isinstance(value, int) and not isinstance(value, bool)):
+        return value
+    if isinstance(value, float) and not whole:
+        return value
+    kind = "a whole number (a JSON integer)" if whole else "a number"
+    given = "true or false" if isinstance(value, bool) else f"a JSON {_json_kind(value)}"
+    raise PydanticCustomError("hyperparameter_type", 'must be "auto" or {kind}, not {given}', {"kind": kind, "given": given})
+
+
+def _json_kind(value: Any) -> str:
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, float):
+        return "number with a fraction"
+    if value is None:
+        return "null"
+    return "array" if isinstance(value, list) else "object" if isinstance(value, dict) else type(value).__name__
 
 
 class SupervisedMethod(BaseModel):

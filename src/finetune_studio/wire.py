@@ -34,13 +34,6 @@ STOP_COMMAND = "stop"
 # messages far below it (bounded warnings and excerpts).
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 
-# Said wherever a job runs out of memory: by the child when torch says so, and by
-# the supervisor when the kernel's OOM killer ends the child with SIGKILL.
-OUT_OF_MEMORY_ADVICE = (
-    "Try a smaller batch_size with more gradient_accumulation_steps (the same effective batch), a shorter"
-    " max_seq_length, load_in_4bit, gradient_checkpointing, or a smaller model."
-)
-
 
 class StatusMessage(TypedDict):
     type: Literal["status"]

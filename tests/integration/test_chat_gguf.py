@@ -216,8 +216,9 @@ def test_llama_cpp_and_transformers_agree_over_the_same_weights(served: Served) 
     """The two backends in this process over the demo's GGUF: the same prompt ids, the
     same next token at every position of a text (teacher-forced), and the same
     greedy answer's first tokens."""
+    from finetune_studio.inference.chat_model import BaseKey, ChatModel
     from finetune_studio.inference.gguf import load_gguf
-    from finetune_studio.inference.models import BaseKey, ChatModel, load_base
+    from finetune_studio.inference.pool import load_base
 
     llama = load_gguf(BaseKey("gguf", str(served.gguf), False, "llama_cpp"))
     torch_model = load_base(BaseKey("gguf", str(served.gguf), False))
@@ -250,8 +251,8 @@ def test_llama_cpp_and_transformers_agree_over_the_same_weights(served: Served) 
 
 
 def test_a_lora_gguf_export_answers_with_its_adapter_on_its_base(served: Served) -> None:
+    from finetune_studio.inference.chat_model import BaseKey
     from finetune_studio.inference.gguf import load_gguf
-    from finetune_studio.inference.models import BaseKey
 
     # The reference: the backend in this process, greedy, with the adapter as written.
     llama = load_gguf(BaseKey("gguf", str(served.gguf), False, "llama_cpp"))

@@ -163,7 +163,10 @@ def test_pause_then_resume_to_succeeded(studio: Studio) -> None:
     before = list(sdk.fine_tuning.jobs.list_events(job.id, limit=100))
     assert before[0].message.startswith("Job paused")
     paused_steps = [e.data["step"] for e in before if e.type == "metrics"]
-    assert sdk.fine_tuning.jobs.checkpoints.list(job.id).data == []  # a mid-epoch checkpoint is no epoch's end
+    # The pause's checkpoint (mid-epoch) is listed: it is a chat model like the epochs' ones.
+    paused_checkpoints = sdk.fine_tuning.jobs.checkpoints.list(job.id).data
+    assert [c.step_number for c in paused_checkpoints] == [3]
+    assert paused_checkpoints[0].fine_tuned_model_checkpoint.endswith(f":{job.id}:ckpt-step-3")
 
     assert sdk.fine_tuning.jobs.resume(job.id).status == "queued"
     done = studio.wait(job.id, "succeeded", "failed", "cancelled")
@@ -175,7 +178,7 @@ def test_pause_then_resume_to_succeeded(studio: Studio) -> None:
     steps = [e.data["step"] for e in reversed(after) if e.type == "metrics"]
     assert steps == list(range(1, 9)) and max(paused_steps) == 3  # continued after the pause, no step twice
     assert any(e.message.startswith("Resumed") for e in after)
-    assert [c.step_number for c in sdk.fine_tuning.jobs.checkpoints.list(job.id)] == [8, 4]
+    assert [c.step_number for c in sdk.fine_tuning.jobs.checkpoints.list(job.id)] == [8, 4, 3]
 
 
 def preference_rows(prompts: list[str]) -> str:

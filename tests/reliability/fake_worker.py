@@ -15,6 +15,7 @@ completes; it stops after the current step when asked. The environment shapes it
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -61,7 +62,7 @@ def main() -> int:
     if checkpoints and stopped and step:
         saved = Path(spec["output_dir"]) / "checkpoints" / f"checkpoint-{step}"
         saved.mkdir(parents=True, exist_ok=True)
-        (saved / "trainer_state.json").write_text('{"global_step": %d}' % step)
+        (saved / "trainer_state.json").write_text(json.dumps({"global_step": step}))
         details["last_checkpoint"] = str(saved)
     status("stopped" if stopped else "completed", **details)
     if os.environ.get("FAKE_WORKER_LINGER"):

@@ -20,6 +20,7 @@ import os
 import re
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,10 +29,11 @@ from typing import Any
 import httpx
 import pytest
 import uvicorn
+from fastapi import APIRouter
 
 from finetune_studio.api.app import API_ROUTERS, create_app
 from finetune_studio.api.deps import Studio
-from finetune_studio.api.request_scoped import request_scoped_routes
+from finetune_studio.api.request_scoped import check_request_scoped, request_scoped, request_scoped_routes
 from finetune_studio.cli.local_server import free_port
 from finetune_studio.config import Settings
 from finetune_studio.supervisor.inspector import Inspector
@@ -43,10 +45,7 @@ CHAT_STAND_IN = "tests.unit.fake_inference_child"
 WAIT = 30  # seconds any one awaited change may take before the test fails
 
 # The registry, as create_app walks it: (method, path) of every request-scoped route.
-ROUTES = sorted(
-    {(method, route.path) for router in API_ROUTERS for route in request_scoped_routes(router.routes)
-     for method in route.methods}
-)
+ROUTES = sorted({(method, route.path) for route in request_scoped_routes(API_ROUTERS) for method in route.methods})
 
 
 class Server:
@@ -214,7 +213,42 @@ def test_a_client_that_goes_away_takes_its_work_with_it(server: Server, route: t
                    " how to see it gone and its slot free")
     assert method == "POST"  # post_and_leave sends a body; a route of another method needs a client for it
     for case in cases:
-        body = case.body(server)
-        work = server.post_and_leave(path, body, case.held(server), case.meanwhile)
-        wait_for(lambda: case.gone(server, work), timeout=WAIT, what=f"the {case.name} ({work}) to be gone")
-        wait_for(lambda: case.free(server), timeout=WAIT, what=f"the slot of the {case.name} to be free")
+        leave_and_see_the_work_go(server, path, case)
+
+
+def leave_and_see_the_work_go(server: Server, path: str, case: Case) -> None:
+    work = server.post_and_leave(path, case.body(server), case.held(server), case.meanwhile)
+    wait_for(lambda: case.gone(server, work), timeout=WAIT, what=f"the {case.name} ({work}) to be gone")
+    wait_for(lambda: case.free(server), timeout=WAIT, what=f"the slot of the {case.name} to be free")
+
+
+def test_a_body_that_comes_in_parts_reaches_the_route_whole(server: Server) -> None:
+    """A body that comes in many parts reaches the route whole while the watcher is in place (it
+    listens only once the body is read; uvicorn would in any case wake the route's receive first)."""
+    body = {"model": server.trained_model(), "messages": [{"role": "user", "content": "every part arrived"}]}
+    data = json.dumps(body).encode()
+    head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n")
+    with socket.create_connection(("127.0.0.1", server.port), timeout=WAIT) as connection:
+        connection.sendall(head.encode())
+        for start in range(0, len(data), 16):  # parts the server reads one by one (no assertion waits on this)
+            time.sleep(0.02)
+            connection.sendall(data[start:start + 16])
+        answer = b""
+        while chunk := connection.recv(65536):
+            answer += chunk
+    status, _, rest = answer.partition(b"\r\n")
+    assert status == b"HTTP/1.1 200 OK", answer
+    assert json.loads(rest.partition(b"\r\n\r\n")[2])["choices"][0]["message"]["content"] == "every part arrived"
+
+
+def test_a_marked_route_that_nothing_would_watch_is_refused() -> None:
+    router = APIRouter(prefix="/elsewhere")
+
+    @router.post("/work")
+    @request_scoped
+    async def work() -> None:
+        return None
+
+    with pytest.raises(TypeError, match=r"\['POST'\] /elsewhere/work is @request_scoped, but its router's route_class is APIRoute"):
+        check_request_scoped([router])

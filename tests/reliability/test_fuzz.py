@@ -3,7 +3,9 @@
 The app runs under a real uvicorn with workers that are no processes (every job it
 accepts completes at once), as an exposed server would: token required, paths
 limited to its roots. For every operation, schemathesis sends generated requests,
-valid and invalid (bodies also with hostile text and numbers, see `flatmap_body`),
+valid and invalid (bodies also with hostile text and numbers, see `flatmap_body`;
+query, path and header parameters with boundary values: 0, -1, 2**63, 1e-320, 1e308,
+long digit strings, and cursors past SQLite's integers aimed at real jobs),
 and checks each answer: no 5xx, a documented status code, a body that matches the
 documented schema. Bounded: a fixed number of examples per
 operation, no deadline per example, a timeout per request.
@@ -42,7 +44,9 @@ def fuzzed_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServ
         # Some finished jobs, so that not every job id is unknown.
         body = start_body(dataset(data_dir))
         for _ in range(2):
-            assert httpx.post(f"{server.url}/train/start", json=body, headers=AUTH).status_code == 200
+            answer = httpx.post(f"{server.url}/train/start", json=body, headers=AUTH)
+            assert answer.status_code == 200
+            KNOWN_JOBS.append(answer.json()["job_id"])
         yield server
 
 
@@ -53,7 +57,18 @@ schema = schemathesis.openapi.from_dict(create_app(Settings(data_dir=Path("/none
 # surrogate: its strings leave out category Cs, which cannot be encoded as UTF-8, but
 # JSON carries it as an escape), huge strings, and numbers past any integer type.
 HOSTILE_TEXT = ["\ud800", "x\udfffy", "\udcff.jsonl", "a" * 200_000, "\ud800" * 5000, "1e999", "9" * 400]
-HOSTILE_NUMBERS = [10**30, -(10**30), 2**63, 2**64, 1e308, -1e308]
+# And the boundaries of the number types behind the API (issue 24): 0 and -1, SQLite's
+# integers and one past them, a float32's smallest and largest (a temperature of 1e-45
+# overflowed the sampler), a double's subnormals.
+HOSTILE_NUMBERS = [10**30, -(10**30), 2**63, 2**64, 1e308, -1e308,
+                   0, -1, 2**63 - 1, -(2**63) - 1, 1e-45, 1e-320, 5e-324, 3.5e38]
+# The same boundaries for a query, path or header parameter (text on the wire; at most
+# a few kB, so that the request line and headers stay within what uvicorn reads).
+BOUNDARY_PARAMETERS = ["0", "-1", str(2**63 - 1), str(2**63), str(-(2**63) - 1), "1e-320", "1e308", "NaN",
+                       "9" * 4000, "x" * 4000]
+# The jobs the fuzzed server holds (set by its fixture): a path's job id and an `after`
+# cursor are sometimes aimed at one, so that a cursor past SQLite's integers reaches the query.
+KNOWN_JOBS: list[str] = []
 
 
 def _places(value: Any, where: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
@@ -109,6 +124,38 @@ def flatmap_body(context: Any, body: Any) -> st.SearchStrategy[Any]:
         extra = st.tuples(st.sampled_from([text for text in HOSTILE_TEXT[:3] if text in texts] + ["extra"]), hostile)
         options[1] = extra.map(lambda pair: {**body, pair[0]: pair[1]})
     return st.one_of(options)
+
+
+def _with_boundaries(values: Any, extra: list[str]) -> st.SearchStrategy[Any]:
+    """The parameters as generated (one time in three), or with one of them set to a boundary value."""
+    if not values:
+        return st.just(values)
+    names = sorted(values)
+    replaced = st.tuples(st.sampled_from(names), st.sampled_from(BOUNDARY_PARAMETERS + extra)).map(
+        lambda pair: {**values, pair[0]: pair[1]}
+    )
+    return st.one_of(st.just(values), replaced, replaced)
+
+
+@schema.hook
+def flatmap_query(context: Any, query: Any) -> st.SearchStrategy[Any]:
+    cursors = [f"{kind}-{job}-{number}" for job in KNOWN_JOBS for kind in ("ftevent", "ftckpt")
+               for number in (2**63, 10**30, "9" * 4000)]
+    return _with_boundaries(query, cursors)
+
+
+@schema.hook
+def flatmap_path_parameters(context: Any, path: Any) -> st.SearchStrategy[Any]:
+    deletes = context.operation is not None and str(context.operation.method).upper() == "DELETE"
+    if path and "job_id" in path and KNOWN_JOBS and not deletes:  # a real job (kept), so that its other parameters are reached
+        real = st.sampled_from(KNOWN_JOBS).map(lambda job: {**path, "job_id": job})
+        return st.one_of(_with_boundaries(path, []), real)
+    return _with_boundaries(path, [])
+
+
+@schema.hook
+def flatmap_headers(context: Any, headers: Any) -> st.SearchStrategy[Any]:
+    return _with_boundaries(headers, [])
 
 
 @schema.parametrize()

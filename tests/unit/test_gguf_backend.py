@@ -14,7 +14,7 @@ from typing import Any, cast
 import pytest
 
 from finetune_studio.inference.failures import RequestFailed
-from finetune_studio.inference.models import BaseKey
+from finetune_studio.inference.chat_model import BaseKey
 from finetune_studio.wire import ModelRef
 from tests.unit.test_import_rules import SERVER_SIDE, loaded_by
 
@@ -26,7 +26,9 @@ def gguf_ref(location: str, **extra: Any) -> ModelRef:
 
 
 def test_llama_cpp_is_imported_only_when_a_gguf_is_loaded() -> None:
-    chat_child = ["finetune_studio.inference.child", "finetune_studio.inference.engine", "finetune_studio.inference.models"]
+    # The pool imports the llama.cpp backend (gguf.py) with the transformers one; gguf.py imports llama_cpp on the first load.
+    chat_child = ["finetune_studio.inference.child", "finetune_studio.inference.engine", "finetune_studio.inference.pool",
+                  "finetune_studio.inference.models", "finetune_studio.inference.gguf"]
     assert loaded_by(chat_child, ("llama_cpp",)) == []
     assert loaded_by(SERVER_SIDE, ("llama_cpp",)) == []
 
@@ -55,7 +57,7 @@ def test_without_the_gguf_extra_the_request_says_how_to_install_it(tmp_path: Pat
         "import sys; sys.modules['llama_cpp'] = None\n"  # what a missing package looks like to `import`
         "from finetune_studio.inference.gguf import load_gguf\n"
         "from finetune_studio.inference.failures import RequestFailed\n"
-        "from finetune_studio.inference.models import BaseKey\n"
+        "from finetune_studio.inference.chat_model import BaseKey\n"
         f"try:\n    load_gguf(BaseKey('gguf', {str(gguf)!r}, False, 'llama_cpp'))\n"
         "except RequestFailed as exc:\n    print(exc.code, exc.message)\n"
     )

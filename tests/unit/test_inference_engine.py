@@ -21,7 +21,8 @@ import pytest
 import torch
 
 from finetune_studio.inference.engine import Engine
-from finetune_studio.inference.models import BaseKey, ModelPool
+from finetune_studio.inference.chat_model import BaseKey
+from finetune_studio.inference.pool import ModelPool
 from finetune_studio.inference.sampling import make_generator, next_token
 from finetune_studio.inference.text import TextStream
 
@@ -187,6 +188,31 @@ def test_sampling_greedy_is_the_argmax_and_a_tiny_top_p_keeps_only_the_best() ->
     assert next_token(logits, 0, 1.0, generator) == 1
     assert {next_token(logits, 1.0, 1e-6, generator) for _ in range(20)} == {1}
     assert len({next_token(logits, 5.0, 1.0, generator) for _ in range(200)}) == 4
+
+
+@pytest.mark.parametrize("temperature", [1e-45, 1e-50, 1e-320, 5e-324])
+def test_a_temperature_too_small_to_divide_by_is_greedy(temperature: float) -> None:
+    """Such a temperature made the scaled logits infinite and their softmax NaN: torch.multinomial
+    refused it ("probability tensor contains inf/nan"), and the chat answered 500."""
+    generator = make_generator(torch.device("cpu"), 0)
+    for logits in (torch.tensor([0.1, 2.0, 1.9, -1.0]), torch.tensor([-3.0, -1.0, -2.0]),  # all negative: -inf / -inf
+                   torch.tensor([0.0, 30.0, float("-inf"), 29.0])):
+        assert next_token(logits, temperature, 1.0, generator) == int(torch.argmax(logits))
+        assert next_token(logits, temperature, 0.5, generator) == int(torch.argmax(logits))
+    # The largest temperatures that still overflow, and the smallest that do not, meet at float32's limit.
+    logits = torch.tensor([0.5, 30.0, 29.5])
+    assert next_token(logits, 30.0 / 3.4e38 / 2, 1.0, generator) == 1
+    assert {next_token(logits, 1e-30, 1.0, generator) for _ in range(20)} == {1}  # divides fine: one-hot
+
+
+@pytest.mark.parametrize("top_p", [1e-320, 5e-324, 1e-45])
+def test_a_top_p_too_small_for_float32_keeps_the_most_likely_token(top_p: float) -> None:
+    """1e-320 is 0 in float32: every token, the most likely one too, was dropped, and
+    torch.multinomial refused an all-zero distribution."""
+    logits = torch.tensor([0.1, 2.0, 1.9, -1.0])
+    generator = make_generator(torch.device("cpu"), 0)
+    assert {next_token(logits, 1.0, top_p, generator) for _ in range(20)} == {1}
+    assert {next_token(logits, 1e-45, top_p, generator) for _ in range(5)} == {1}
 
 
 def test_the_child_entry_imports_no_web_framework_and_nothing_heavy() -> None:

@@ -27,8 +27,8 @@ from finetune_studio.api import openai_errors
 from finetune_studio.api.auth import TokenGuard, under_prefixes
 from finetune_studio.api.body_limit import DeclaredBodyLimit, too_large_body, too_large_upload
 from finetune_studio.api.deps import Studio
-from finetune_studio.api.request_scoped import cancel_on_disconnect, request_scoped_routes
 from finetune_studio.api.origin import CrossSiteGuard, LoopbackHostGuard
+from finetune_studio.api.request_scoped import check_request_scoped
 from finetune_studio.api.routes import chat, datasets, export, files, fine_tuning, health, system, train
 from finetune_studio.api.streaming import StudioApp
 from finetune_studio.config import Settings, token_problem
@@ -152,7 +152,7 @@ def create_app(
     for router in API_ROUTERS:
         app.include_router(router, max_body_size=upload_limit if router is files.router else settings.max_request_bytes)
     # Work that lives only for its request (an inspection, a chat answer) goes when its client goes.
-    cancel_on_disconnect(request_scoped_routes(app.routes))
+    check_request_scoped(API_ROUTERS)
 
     @app.exception_handler(StudioError)
     async def studio_error(request: Request, exc: StudioError) -> JSONResponse:

@@ -20,6 +20,8 @@ from finetune_studio.text import clean_text
 
 # The most schema errors one answer names (the first one's field is `param`).
 _NAMED_ERRORS = 3
+# Where FastAPI says a request's field came from, as the first part of its location.
+_SOURCES = ("body", "query", "header", "path", "cookie")
 
 
 # Said with every StorageFailed answer: the openai SDK (and others that follow it) retries
@@ -85,8 +87,9 @@ def _message(error: Any) -> str:
 
 
 def _param(loc: Sequence[Any]) -> Optional[str]:
-    """A pydantic location as OpenAI names a parameter: ("body", "messages", 0, "content") -> "messages[0].content"."""
-    parts = list(loc[1:] if loc and loc[0] == "body" else loc)
+    """A pydantic location as OpenAI names a parameter: ("body", "messages", 0, "content") -> "messages[0].content",
+    ("query", "limit") -> "limit" (where a parameter came from is no part of its name)."""
+    parts = list(loc[1:] if loc and loc[0] in _SOURCES else loc)
     text = ""
     for part in parts:
         if isinstance(part, int):

@@ -37,6 +37,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, Literal, Optional
 
+from finetune_studio import failures
 from finetune_studio.atomic import save_atomically, write_file
 from finetune_studio.export import files
 from finetune_studio.export.merge import JobRecord, MergeError, load_merged, save_merged
@@ -44,18 +45,13 @@ from finetune_studio.export.process import ToolFailed
 from finetune_studio.export.tools import LlamaCppTools, ToolsMissing, find_tools
 from finetune_studio.schemas import ErrorCode, ExportPhase, ExportProgress, ExportStartRequest
 from finetune_studio.training.channel import Channel, JobFailure, StopRequested, StopSignal, open_child_wire
-from finetune_studio.training.child import classify
-from finetune_studio.wire import OUT_OF_MEMORY_ADVICE, WorkerSpec
+from finetune_studio.wire import WorkerSpec
 
 MERGED_FOLDER = "merged"
 MODELFILE = "Modelfile"
 Stage = Literal["merging", "converting", "quantizing"]  # ExportProgress.stage
 WORK_FOLDER = ".work.partial"  # the merged model and the like, while the export runs
 
-DISK_ADVICE = (
-    "Free space on the disk that holds the data directory: while it runs, a GGUF export holds the merged model"
-    " and a 16-bit GGUF (each about twice the parameter count in bytes) besides the files asked for."
-)
 
 
 def gguf_name(quantization: str) -> str:
@@ -342,26 +338,23 @@ class Export:
 # -- failures --------------------------------------------------------------------
 
 _NEARLY_FULL = 32 * 1024 * 1024  # bytes
-_TOOL_MEMORY_WORDS = ("out of memory", "memoryerror", "bad_alloc", "cannot allocate memory")
 
 
 def failure(exc: BaseException) -> tuple[ErrorCode, str]:
     """An error code and a sentence that says what to do, for an unexpected failure."""
     if isinstance(exc, ToolFailed):
-        text = "\n".join(exc.tail).lower()
+        seen = failures.cause_in_text("\n".join(exc.tail))
         # numpy's short write ("331776 requested and 303824 written") names no errno: the
         # free space left where the tool wrote tells a full disk from other failures.
         short_of_space = exc.disk_free is not None and exc.disk_free < _NEARLY_FULL
-        if short_of_space or "no space left on device" in text or "disk quota exceeded" in text:
-            return "disk_full", f"The disk is full ({exc}). {DISK_ADVICE}"
-        if exc.returncode == -signal.SIGKILL or any(word in text for word in _TOOL_MEMORY_WORDS):
-            return "out_of_memory", f"Out of memory ({exc}). Close other programs or export on a machine with more memory."
+        if short_of_space or seen == "disk_full":
+            return "disk_full", f"The disk is full ({exc}). {failures.advice('disk_full', 'export')}"
+        if exc.returncode == -signal.SIGKILL or seen == "out_of_memory":
+            return "out_of_memory", f"Out of memory ({exc}). {failures.advice('out_of_memory', 'export')}"
         return "export_failed", f"{exc}. The export's log has llama.cpp's full output."
-    code, text = classify(exc)
-    if code == "disk_full":
-        return code, f"The disk is full ({exc}). {DISK_ADVICE}"
-    if code == "out_of_memory":
-        return code, text.replace(OUT_OF_MEMORY_ADVICE, "Close other programs or export on a machine with more memory.")
+    known = failures.classify(exc, "export")
+    if known is not None:
+        return known
     return "export_failed", f"Export failed: {type(exc).__name__}: {exc}"
 
 

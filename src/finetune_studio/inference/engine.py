@@ -28,15 +28,16 @@ from typing import Any, Optional, cast
 
 import torch
 
+from finetune_studio import failures
 from finetune_studio.inference.failures import RequestFailed
-from finetune_studio.inference.models import BaseKey, ChatModel, ModelPool
+from finetune_studio.inference.chat_model import BaseKey, ChatModel
+from finetune_studio.inference.pool import ModelPool
 from finetune_studio.inference.sampling import make_generator, next_token
 from finetune_studio.inference.text import TextStream
 from finetune_studio.wire import ModelRef
 
 Emit = Callable[[dict[str, Any]], None]
 
-_MEMORY_WORDS = ("out of memory", "cannot allocate memory", "can't allocate memory")
 
 
 @dataclass
@@ -297,10 +298,6 @@ class Engine:
 
 def _unexpected(exc: BaseException) -> RequestFailed:
     text = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-    if type(exc).__name__ == "OutOfMemoryError" or any(word in str(exc).lower() for word in _MEMORY_WORDS):
-        return RequestFailed(
-            "internal_error",
-            f"Out of memory while answering ({text}). Ask for fewer tokens (max_tokens), keep fewer models loaded"
-            " (max_loaded_models), or answer while no training job runs.",
-        )
+    if failures.cause_of(exc) == "out_of_memory":
+        return RequestFailed("internal_error", f"Out of memory while answering ({text}). {failures.advice('out_of_memory', 'chat')}")
     return RequestFailed("internal_error", f"Generation failed: {type(exc).__name__}: {text}")

@@ -2,14 +2,14 @@
 
 An export's GGUF is served as llama.cpp (and Ollama, LM Studio) will run it, so
 that a user can check that the exported file answers as the adapter did. It is
-one more kind of base in the pool (`ChatModel`, see models.py), and the engine
+one more kind of base in the pool (`ChatModel`, see chat_model.py), and the engine
 drives it exactly as it drives a transformers model: the same scheduler (one
 forward pass per request per turn), the same sampling from the logits
 (sampling.py: greedy is the argmax, a seed repeats an answer), the same text
 deltas, stop strings, finish reasons and usage counts (text.py, engine.py).
 
 - **Loading.** The model is loaded once with llama.cpp's C API (`llama_cpp`, the
-  `[gguf]` extra; imported only here, and this module only when a GGUF is served)
+  `[gguf]` extra; imported only here, on the first GGUF load)
   and its weights are shared by every answer. `Llama`, the library's high-level
   class, owns a single context, that is a single KV cache; answers here interleave
   token by token, so each gets a context of its own (`Session`), sized for its
@@ -47,7 +47,7 @@ import numpy as np
 import torch
 
 from finetune_studio.inference.failures import RequestFailed
-from finetune_studio.inference.models import BaseKey
+from finetune_studio.inference.chat_model import BaseKey
 
 # The longest context a GGUF answer is given (the model's own, when shorter).
 MAX_CONTEXT = 8192

@@ -1,4 +1,4 @@
-"""The models the child keeps loaded, and the adapters on each.
+"""The transformers backend of the chat child: a base model and the adapters on it.
 
 A base model (a folder, a `.gguf` file or a hub id, loaded exactly as training
 loads it, `training.models.load_tokenizer_and_model`) is loaded once and serves:
@@ -10,96 +10,33 @@ loads it, `training.models.load_tokenizer_and_model`) is loaded once and serves:
   token by token. At most MAX_ADAPTERS_PER_BASE stay loaded; the least recently
   used idle one goes first.
 
-A full fine-tuning result is a base of its own. A `.gguf` file that a ModelRef
-gives to llama.cpp (`backend: "llama_cpp"`, an export) is a base too, loaded by
-`inference/gguf.py` (`GgufModel`); both kinds are a `ChatModel` to the engine and
-the pool. `ModelPool` keeps at most `max_loaded` bases warm (of either backend), least recently used first out, and unloads a base that
-nobody used for `idle_seconds`. A base that an unfinished request uses is never
-unloaded under it: it goes as soon as its last request ends.
+A full fine-tuning result is a base of its own. `LoadedModel` is a `ChatModel`
+(chat_model.py) to the engine and the pool (pool.py), as llama.cpp's `GgufModel`
+(gguf.py) is; pool.py's `load_base` picks between the two, so this module never
+imports the other backend.
 """
 
 from __future__ import annotations
 
 import contextlib
-import gc
 import inspect
 import sys
-import time
 import warnings
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Optional, Protocol
+from typing import Any, Optional
 
 import torch
 
+from finetune_studio.inference.chat_model import BaseKey
 from finetune_studio.inference.failures import RequestFailed
 from finetune_studio.training.channel import JobFailure
 from finetune_studio.training.models import ModelSource, load_tokenizer_and_model
-from finetune_studio.wire import INFERENCE_BACKENDS, ModelRef
 
 MAX_ADAPTERS_PER_BASE = 8
 # The context of a model whose config states none (max_position_embeddings).
 UNSTATED_CONTEXT = 4096
-SOURCE_KINDS = ("folder", "gguf", "hub")
-
-
-@dataclass(frozen=True)
-class BaseKey:
-    """One loaded base model: where it comes from, whether its code may run, and who
-    runs it (the same .gguf file given to transformers and to llama.cpp is two bases)."""
-
-    kind: str
-    location: str
-    trust_remote_code: bool
-    backend: str = "transformers"
-
-    @classmethod
-    def of(cls, ref: ModelRef) -> BaseKey:
-        base = ref.get("base")
-        if not isinstance(base, dict) or base.get("kind") not in SOURCE_KINDS or not isinstance(base.get("location"), str):
-            raise RequestFailed("invalid_request", f"model.base must be {{'kind': one of {SOURCE_KINDS}, 'location': a string}}", "model")
-        backend = ref.get("backend", "transformers")
-        if backend not in INFERENCE_BACKENDS:
-            raise RequestFailed("invalid_request", f"model.backend must be one of {INFERENCE_BACKENDS}, not {backend!r}", "model")
-        if backend == "llama_cpp" and base["kind"] != "gguf":
-            raise RequestFailed("invalid_request", "llama.cpp runs .gguf files only: model.base.kind must be 'gguf'", "model")
-        return cls(base["kind"], base["location"], bool(ref.get("trust_remote_code", False)), backend)
-
-    def describe(self) -> str:
-        return f"{self.location} (llama.cpp)" if self.backend == "llama_cpp" else self.location
-
-
-class ChatModel(Protocol):
-    """What the engine and the pool need of a loaded base, whoever runs it
-    (`LoadedModel`: transformers; `inference.gguf.GgufModel`: llama.cpp)."""
-
-    key: BaseKey
-    device: torch.device  # where its logits are (the generators are made there)
-    users: int  # unfinished requests on this base
-    last_used: float
-    draining: bool  # unload when the last user is done
-    context_length: int  # the prompt and the answer together, in tokens
-    eos_ids: frozenset[int]  # tokens that end an answer
-
-    def prompt_ids(self, messages: list[dict[str, str]]) -> list[int]: ...
-
-    def decode(self, ids: list[int]) -> str: ...
-
-    def use_adapter(self, folder: str) -> str: ...
-
-    def release_adapter(self, name: str) -> None: ...
-
-    def new_cache(self, tokens: int) -> Any:
-        """An empty KV cache for one request of at most `tokens` tokens (prompt and answer)."""
-        ...
-
-    def forward(self, ids: list[int], cache: Any, seen: int, adapter: Optional[str]) -> torch.Tensor: ...
-
-    def close(self) -> None:
-        """Free what it holds now (the pool has dropped it; no request uses it)."""
-        ...
 
 
 class LoadedModel:
@@ -256,13 +193,9 @@ class LoadedModel:
         return frozenset(found)
 
 
-def load_base(key: BaseKey) -> ChatModel:
-    """Load a base model for answering: with llama.cpp when the key says so, else
-    with transformers: float32 on the CPU, bf16 on a GPU that has it."""
-    if key.backend == "llama_cpp":
-        from finetune_studio.inference.gguf import load_gguf  # llama_cpp: only when a GGUF is served
-
-        return load_gguf(key)
+def load_transformers(key: BaseKey) -> LoadedModel:
+    """Load a base model for answering with transformers: float32 on the CPU, bf16
+    on a GPU that has it."""
     cuda = torch.cuda.is_available()
     dtype = torch.bfloat16 if cuda and torch.cuda.is_bf16_supported() else torch.float32
     source = ModelSource(key.kind, key.location)
@@ -280,102 +213,3 @@ def load_base(key: BaseKey) -> ChatModel:
         tokenizer.chat_template = CHATML_TEMPLATE
         print(f"{key.location}: the tokenizer has no chat template; ChatML is used", file=sys.stderr)
     return LoadedModel(key, tokenizer, model, device)
-
-
-class ModelPool:
-    """The bases loaded, least recently used first; see the module's docstring."""
-
-    def __init__(
-        self,
-        max_loaded: int,
-        idle_seconds: float,
-        *,
-        loader: Callable[[BaseKey], ChatModel] = load_base,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.max_loaded = max_loaded
-        self.idle_seconds = idle_seconds  # 0 or less: never unload for idleness
-        self._loader = loader
-        self._clock = clock
-        self._loaded: OrderedDict[BaseKey, ChatModel] = OrderedDict()
-
-    @property
-    def loaded(self) -> list[BaseKey]:
-        return list(self._loaded)
-
-    def get(self, key: BaseKey) -> Optional[ChatModel]:
-        """The loaded base, if it is loaded (without using it)."""
-        return self._loaded.get(key)
-
-    def acquire(self, key: BaseKey) -> ChatModel:
-        """The loaded base (loading it if needed), held until `release`."""
-        entry = self._loaded.get(key)
-        if entry is None:
-            self._trim(room_for=1)
-            print(f"loading {key.describe()}", file=sys.stderr)
-            entry = self._loader(key)
-            self._loaded[key] = entry
-        self._loaded.move_to_end(key)
-        entry.users += 1
-        entry.draining = False
-        entry.last_used = self._clock()
-        return entry
-
-    def release(self, entry: ChatModel) -> None:
-        entry.users = max(0, entry.users - 1)
-        entry.last_used = self._clock()
-        if entry.users == 0 and entry.draining:
-            self._drop(entry.key)
-            self._free_memory()
-        self._trim()
-
-    def unload_all(self) -> None:
-        """Free every base now; one still answering goes when its answers end."""
-        for entry in list(self._loaded.values()):
-            if entry.users:
-                entry.draining = True
-            else:
-                self._drop(entry.key)
-        self._free_memory()
-
-    def unload_idle(self) -> None:
-        if self.idle_seconds <= 0:
-            return
-        now = self._clock()
-        idle = [e.key for e in self._loaded.values() if not e.users and now - e.last_used >= self.idle_seconds]
-        for key in idle:
-            self._drop(key)
-        if idle:
-            self._free_memory()
-
-    def seconds_until_idle(self) -> Optional[float]:
-        """How long until `unload_idle` has something to do; None: never (as things stand)."""
-        if self.idle_seconds <= 0:
-            return None
-        waiting = [e.last_used + self.idle_seconds for e in self._loaded.values() if not e.users]
-        return max(0.0, min(waiting) - self._clock()) if waiting else None
-
-    def _trim(self, room_for: int = 0) -> None:
-        # Bases in use stay even over the limit (a compare of two bases holds both);
-        # the limit is met again as they fall idle.
-        dropped = False
-        for key, entry in list(self._loaded.items()):
-            if len(self._loaded) + room_for <= self.max_loaded:
-                break
-            if not entry.users:
-                self._drop(key)
-                dropped = True
-        if dropped:
-            self._free_memory()
-
-    def _drop(self, key: BaseKey) -> None:
-        entry = self._loaded.pop(key, None)
-        if entry is not None:
-            entry.close()
-            print(f"unloaded {key.describe()}", file=sys.stderr)
-
-    @staticmethod
-    def _free_memory() -> None:
-        gc.collect()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()

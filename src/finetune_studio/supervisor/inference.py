@@ -23,19 +23,18 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
 import secrets
 import signal
 import sys
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from finetune_studio.config import Settings
-from finetune_studio.errors import InferenceUnavailable
-from finetune_studio.supervisor.launcher import WorkerHandle, WorkerLauncher, child_environment, log_tail
-from finetune_studio.wire import MAX_MESSAGE_BYTES, GenerateCommand, ModelRef, SamplingParams, WorkerSpec
+from finetune_studio.errors import InferenceUnavailable, StorageFailed
+from finetune_studio.failures import storage_fault
+from finetune_studio.supervisor.launcher import WorkerHandle, WorkerLauncher, log_tail, spawn_child
+from finetune_studio.wire import GenerateCommand, ModelRef, SamplingParams, WorkerSpec
 
 INFERENCE_MODULE = "finetune_studio.inference.child"
 LOG_NAME = "inference.log"
@@ -189,22 +188,12 @@ class InferenceManager:
             "--max-loaded", str(self.settings.max_loaded_models),
             "--idle-seconds", str(self.settings.inference_idle_seconds),
         ]
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
         try:
-            with open(self.log_path, "ab") as log_file:
-                log_file.write(f"{_START_MARK} at {time.strftime('%Y-%m-%d %H:%M:%S')} ---\n".encode())
-                log_file.flush()
-                process = await asyncio.create_subprocess_exec(
-                    *argv,
-                    stdin=asyncio.subprocess.PIPE,
-                    stdout=asyncio.subprocess.PIPE,
-                    stderr=log_file,
-                    env=child_environment(os.environ),
-                    # Its own session: a Ctrl-C meant for the server does not reach it.
-                    start_new_session=True,
-                    limit=MAX_MESSAGE_BYTES,
-                )
+            process = await spawn_child(argv, self.log_path, mark=_START_MARK)
         except OSError as exc:
+            fault = storage_fault(exc)
+            if fault is not None:  # its log cannot be written: a full disk is a 507, and says what to free
+                raise StorageFailed(fault.error_code, f"the inference process could not start: {fault.message}") from exc
             raise InferenceUnavailable(f"the inference process could not start ({' '.join(argv[:3])}): {exc}") from exc
         if process.stdin is None or process.stdout is None:  # never: both are pipes
             raise InferenceUnavailable("the inference process was started without its pipes")

@@ -8,8 +8,11 @@ refused at once with `InspectionBusy`, 429), and each is bounded in time
 (`inspect_timeout_seconds`: the child is killed and the answer is
 `InspectionFailed`, 503). A child that dies or answers nothing is an
 `InspectionFailed` that says why, with the last lines of its log
-(`<data-dir>/inspect.log`, every child's stderr). Whatever happens to the request
-(its client gone, the server stopping), the child is killed and reaped.
+(`<data-dir>/inspect.log`, every child's stderr). An inspection that is cancelled
+kills and reaps its child and frees its slot before it ends; the route cancels it
+when its client goes away (`POST /datasets/inspect` is `@request_scoped`:
+api/request_scoped.py). When the server stops, `shutdown` kills and reaps every
+running child, and a request still waiting on one answers `InspectionFailed`.
 """
 
 from __future__ import annotations
@@ -17,16 +20,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import sys
-import time
 from typing import Any, Optional
 
 from finetune_studio.config import Settings
-from finetune_studio.errors import InspectionBusy, InspectionFailed
+from finetune_studio.errors import InspectionBusy, InspectionFailed, StorageFailed
+from finetune_studio.failures import storage_fault
 from finetune_studio.supervisor.inference import describe_exit
-from finetune_studio.supervisor.launcher import child_environment, log_tail
-from finetune_studio.wire import MAX_MESSAGE_BYTES
+from finetune_studio.supervisor.launcher import log_tail, spawn_child
 
 INSPECT_MODULE = "finetune_studio.training.inspect_child"
 LOG_NAME = "inspect.log"
@@ -101,22 +102,13 @@ class Inspector:
         raise InspectionFailed(f"{what} before it answered" + (f". Last lines of {self.log_path}:\n{tail}" if tail else ""))
 
     async def _start(self) -> asyncio.subprocess.Process:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
         argv = [self.python, "-m", self.module]
         try:
-            with open(self.log_path, "ab") as log_file:
-                log_file.write(f"{_START_MARK} at {time.strftime('%Y-%m-%d %H:%M:%S')} ---\n".encode())
-                log_file.flush()
-                return await asyncio.create_subprocess_exec(
-                    *argv,
-                    stdin=asyncio.subprocess.PIPE,
-                    stdout=asyncio.subprocess.PIPE,
-                    stderr=log_file,
-                    env=child_environment(os.environ),
-                    start_new_session=True,  # a Ctrl-C meant for the server does not reach it
-                    limit=MAX_MESSAGE_BYTES,
-                )
+            return await spawn_child(argv, self.log_path, mark=_START_MARK)
         except OSError as exc:
+            fault = storage_fault(exc)
+            if fault is not None:  # its log cannot be written: a full disk is a 507, and says what to free
+                raise StorageFailed(fault.error_code, f"the dataset inspection could not start: {fault.message}") from exc
             raise InspectionFailed(f"the dataset inspection's process could not start ({' '.join(argv)}): {exc}") from exc
 
 

@@ -15,6 +15,7 @@ import json
 import os
 import signal
 import sys
+import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -155,27 +156,36 @@ class LocalProcessLauncher:
     async def launch(self, spec: WorkerSpec) -> LocalProcessHandle:
         spec.output_dir.mkdir(parents=True, exist_ok=True)
         log_path = JobFolder(spec.output_dir).log
-        env = child_environment(os.environ)
-        with open(log_path, "ab") as log:
-            process = await asyncio.create_subprocess_exec(
-                self.python,
-                "-m",
-                self.module,
-                "--job-id",
-                spec.job_id,
-                *self.args,
-                stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=log,
-                env=env,
-                # Its own session: a Ctrl-C meant for the server does not reach the
-                # child; the server stops it cooperatively instead.
-                start_new_session=True,
-                limit=MAX_MESSAGE_BYTES,
-            )
+        argv = [self.python, "-m", self.module, "--job-id", spec.job_id, *self.args]
+        process = await spawn_child(argv, log_path)
         handle = LocalProcessHandle(process, log_path)
         await handle.send(spec.to_line())
         return handle
+
+
+async def spawn_child(argv: Sequence[str], log_path: Path, mark: Optional[str] = None) -> asyncio.subprocess.Process:
+    """Start one of the server's children, the one way every supervisor does (training,
+    export, chat, dataset inspection): stdin and stdout are pipes (lines of up to
+    MAX_MESSAGE_BYTES), stderr is appended to `log_path` (after `mark`, a line that
+    tells this child's part of a shared log from the last one's), the environment is
+    the server's without its settings (`child_environment`), and the child has a
+    session of its own, so a Ctrl-C meant for the server does not reach it (the
+    server stops it cooperatively instead). OSError when it cannot be started, or
+    when its log cannot be written (a full disk)."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as log:
+        if mark is not None:
+            log.write(f"{mark} at {time.strftime('%Y-%m-%d %H:%M:%S')} ---\n".encode())
+            log.flush()
+        return await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=log,
+            env=child_environment(os.environ),
+            start_new_session=True,
+            limit=MAX_MESSAGE_BYTES,
+        )
 
 
 def is_our_worker(pid: int, job_id: str) -> bool:

@@ -55,6 +55,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, TypeVar
 
+from finetune_studio import failures
 from finetune_studio.config import Settings
 from finetune_studio.errors import InvalidTransition, JobAlreadyFinished, NotPausable, StorageFailed
 from finetune_studio.failures import storage_fault
@@ -71,7 +72,7 @@ from finetune_studio.supervisor.launcher import (
     log_tail,
 )
 from finetune_studio.supervisor.recovery import recover_jobs, remove_export_files
-from finetune_studio.wire import OUT_OF_MEMORY_ADVICE, JobFolder, WorkerSpec
+from finetune_studio.wire import JobFolder, WorkerSpec
 
 log = logging.getLogger("finetune_studio.supervisor")
 
@@ -555,12 +556,7 @@ def _paused(details: Optional[dict[str, Any]]) -> tuple[str, dict[str, Any]]:
 def _death_advice(exit_info: WorkerExit, kind: str = "train") -> str:
     if exit_info.signal_name != "SIGKILL":
         return ""
-    advice = OUT_OF_MEMORY_ADVICE if kind == "train" else _EXPORT_MEMORY_ADVICE
+    advice = failures.advice("out_of_memory", "train" if kind == "train" else "export")
     return f" If no one killed it, the system most likely ran out of memory (the kernel's OOM killer). {advice}"
 
 
-# An export holds the whole model in memory while it merges and converts.
-_EXPORT_MEMORY_ADVICE = (
-    "An export loads the whole model: free memory (stop a training job or the chat's loaded models) and start it again,"
-    " or export on a machine with more memory."
-)

@@ -8,13 +8,12 @@ terminal status: `completed`, `stopped`, or `error` with an error code.
 from __future__ import annotations
 
 import argparse
-import errno
 import sys
 import traceback
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
+from finetune_studio import failures
 from finetune_studio.schemas import ErrorCode
 from finetune_studio.training.channel import (
     JobFailure,
@@ -23,44 +22,18 @@ from finetune_studio.training.channel import (
     open_child_wire,
     plain_channel,
 )
-from finetune_studio.wire import OUT_OF_MEMORY_ADVICE, JobFolder
+from finetune_studio.wire import JobFolder
 
 if TYPE_CHECKING:
     from finetune_studio.training.recipe import Recipe
 
-_MEMORY_WORDS = ("out of memory", "can't allocate memory", "cannot allocate memory")
-_DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
-_DISK_WORDS = ("no space left on device", "disk quota exceeded")
-
-
-def _chain(exc: BaseException) -> Iterator[BaseException]:
-    """The exception and those it was raised from (libraries often wrap an OSError)."""
-    seen: set[int] = set()
-    current: Optional[BaseException] = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        yield current
-        current = current.__cause__ or current.__context__
-
-
 def classify(exc: BaseException) -> tuple[ErrorCode, str]:
-    """An error code and a sentence that says what to do, for an unexpected failure."""
+    """An error code and a sentence that says what to do, for an unexpected failure
+    (the causes and their advice: finetune_studio/failures.py)."""
+    known = failures.classify(exc, "train")
+    if known is not None:
+        return known
     text = str(exc) or type(exc).__name__
-    first = text.strip().splitlines()[0][:200] if text.strip() else type(exc).__name__
-    for cause in _chain(exc):
-        lowered = str(cause).lower()
-        if (
-            isinstance(cause, MemoryError)
-            or type(cause).__name__ == "OutOfMemoryError"
-            or (isinstance(cause, OSError) and cause.errno == errno.ENOMEM)
-            or any(word in lowered for word in _MEMORY_WORDS)
-        ):
-            return "out_of_memory", f"Out of memory ({first}). {OUT_OF_MEMORY_ADVICE}"
-        if (isinstance(cause, OSError) and cause.errno in _DISK_ERRNOS) or any(word in lowered for word in _DISK_WORDS):
-            return "disk_full", (
-                f"The disk is full ({first}). Free space on the disk that holds the data directory (each job's"
-                " checkpoints are written there), or raise save_steps (0 saves no checkpoints) so fewer are written."
-            )
     return "training_failed", f"Training failed: {type(exc).__name__}: {text}"
 
 

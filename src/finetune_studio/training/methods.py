@@ -3,7 +3,9 @@
 The recipe builds the arguments every method shares (steps, batch, optimizer,
 schedule, saving, evaluation, CPU or GPU) and hands them here with the checked rows
 (`datasets/methods.py`), the LoRA config (None for full fine-tuning) and the shared
-callbacks, so phases, stop, checkpoints, resume and progress events are SFT's.
+callbacks, so phases, stop, checkpoints, resume and progress events are SFT's. It
+hands the request, its channel's `warn` and its `facts` (the dict every status
+carries), not itself: this module does not import recipe.py, which imports it.
 
 The reference model, which DPO and KTO measure the policy against:
 
@@ -25,11 +27,14 @@ from __future__ import annotations
 import math
 import os
 import random
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Optional
 
 if TYPE_CHECKING:  # the recipe imports this module only once the model is loaded
+    from finetune_studio.schemas import TrainingStartRequest
     from finetune_studio.training.datasets import LoadedData
-    from finetune_studio.training.recipe import Recipe
+
+Warn = Callable[[str], None]
 
 DEFAULT_BETA = {"dpo": 0.1, "orpo": 0.1, "kto": 0.1, "grpo": 0.0}
 DEFAULT_NUM_GENERATIONS = 4
@@ -37,7 +42,9 @@ DEFAULT_MAX_COMPLETION_LENGTH = 256
 
 
 def build_method_trainer(
-    recipe: Recipe,
+    request: TrainingStartRequest,
+    warn: Warn,
+    facts: dict[str, Any],
     common: dict[str, Any],
     model: Any,
     tokenizer: Any,
@@ -46,12 +53,11 @@ def build_method_trainer(
     peft_config: Any,
     callbacks: list[Any],
 ) -> Any:
-    """The TRL trainer of the request's training_method, ready to `train()`."""
+    """The TRL trainer of the request's training_method, ready to `train()`; what it
+    chose (beta, the reference model, grpo's sampling) is written into `facts`."""
     from datasets import Dataset
 
-    request = recipe.request
     method = request.training_method
-    warn = recipe.channel.warn
     if request.packing:
         warn(f"packing applies to sft; {method} trains on whole prompt and answer pairs, not packed")
     if request.train_on_completions:
@@ -73,29 +79,29 @@ def build_method_trainer(
         "peft_config": peft_config,
         "callbacks": callbacks,
     }
-    recipe.facts.update(training_method=method, beta=beta)
+    facts.update(training_method=method, beta=beta)
 
     if method == "dpo":
         from trl import DPOConfig, DPOTrainer
 
-        recipe.facts["reference_model"] = _reference(full)
+        facts["reference_model"] = _reference(full)
         args = DPOConfig(**common, beta=beta, max_length=request.max_seq_length, precompute_ref_log_probs=full)
         return DPOTrainer(args=args, ref_model=None, **parts)
     if method == "kto":
         from trl import KTOConfig, KTOTrainer
 
-        recipe.facts["reference_model"] = _reference(full)
+        facts["reference_model"] = _reference(full)
         args = KTOConfig(**common, beta=beta, max_length=request.max_seq_length, precompute_ref_log_probs=full)
         return KTOTrainer(args=args, ref_model=None, **parts)
     if method == "orpo":
         os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # ORPO lives in trl.experimental in TRL 1.x
         from trl.experimental.orpo import ORPOConfig, ORPOTrainer
 
-        recipe.facts["reference_model"] = "none (orpo is reference-free)"
+        facts["reference_model"] = "none (orpo is reference-free)"
         args = ORPOConfig(**common, beta=beta, max_length=request.max_seq_length, remove_unused_columns=False)
         return ORPOTrainer(args=args, **parts)
     if method == "grpo":
-        return _grpo(recipe, common, beta, full, parts)
+        return _grpo(request, warn, facts, common, beta, full, parts)
     raise ValueError(f"unknown training_method {method!r}")
 
 
@@ -105,12 +111,19 @@ def _reference(full: bool) -> str:
     return "the base model (the adapter switched off)"
 
 
-def _grpo(recipe: Recipe, common: dict[str, Any], beta: float, full: bool, parts: dict[str, Any]) -> Any:
+def _grpo(
+    request: TrainingStartRequest,
+    warn: Warn,
+    facts: dict[str, Any],
+    common: dict[str, Any],
+    beta: float,
+    full: bool,
+    parts: dict[str, Any],
+) -> Any:
     from trl import GRPOConfig, GRPOTrainer
 
     from finetune_studio.training.rewards import build_rewards
 
-    request = recipe.request
     generations = request.num_generations or DEFAULT_NUM_GENERATIONS
     length = request.max_completion_length or DEFAULT_MAX_COMPLETION_LENGTH
     step_batch = request.batch_size * request.gradient_accumulation_steps
@@ -118,23 +131,23 @@ def _grpo(recipe: Recipe, common: dict[str, Any], beta: float, full: bool, parts
     # hold whole groups: the smallest multiple of the step's batch that num_generations divides.
     sampled = step_batch * generations // math.gcd(step_batch, generations)
     if sampled != step_batch:
-        recipe.channel.warn(
+        warn(
             f"grpo samples {sampled} completions a round ({sampled // generations} prompts x num_generations"
             f" {generations}) and trains on them over {sampled // step_batch} steps of batch_size x"
             f" gradient_accumulation_steps = {step_batch}; make that a multiple of num_generations to sample every step"
         )
     if beta > 0:
         if full:
-            recipe.channel.warn(
+            warn(
                 f"grpo with beta {beta:g} and full fine-tuning keeps a second copy of the model in memory as the"
                 " reference (its log-probabilities are of completions sampled at every step, so they cannot be"
                 " computed ahead); use LoRA, or beta 0, to train without it"
             )
-            recipe.facts["reference_model"] = "a copy of the base model"
+            facts["reference_model"] = "a copy of the base model"
         else:
-            recipe.facts["reference_model"] = _reference(False)
+            facts["reference_model"] = _reference(False)
     else:
-        recipe.facts["reference_model"] = "none (beta 0: no KL penalty)"
+        facts["reference_model"] = "none (beta 0: no KL penalty)"
     rewards, weights = build_rewards(request.reward_functions)
     arguments = dict(common)
     if "per_device_eval_batch_size" in arguments:  # an evaluation also compares whole groups
@@ -147,6 +160,6 @@ def _grpo(recipe: Recipe, common: dict[str, Any], beta: float, full: bool, parts
         generation_batch_size=sampled,
         reward_weights=weights,
     )
-    recipe.facts.update(num_generations=generations, max_completion_length=length,
-                        reward_functions=[reward.__name__ for reward in rewards])
+    facts.update(num_generations=generations, max_completion_length=length,
+                 reward_functions=[reward.__name__ for reward in rewards])
     return GRPOTrainer(args=args, reward_funcs=list(rewards), **parts)

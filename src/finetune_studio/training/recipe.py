@@ -419,7 +419,8 @@ class Recipe:
             if not sft:
                 from finetune_studio.training.methods import build_method_trainer
 
-                return build_method_trainer(self, common, model, tokenizer, data, eval_data, peft_config, callbacks)
+                return build_method_trainer(request, self.channel.warn, self.facts, common, model, tokenizer, data,
+                                            eval_data, peft_config, callbacks)
             return SFTTrainer(
                 model=model,
                 args=config,

@@ -22,7 +22,7 @@ from fastapi import APIRouter, Response, status
 from fastapi.responses import JSONResponse
 
 from finetune_studio.api.deps import Responses, StudioDep
-from finetune_studio.api.request_scoped import request_scoped
+from finetune_studio.api.request_scoped import RequestScopedRoute, request_scoped
 from finetune_studio.api.served_models import resolve_model, served_models
 from finetune_studio.api.streaming import BoundedEventStream
 from finetune_studio.errors import ChatError, InferenceUnavailable, InvalidChatRequest, ModelNotFound
@@ -44,7 +44,7 @@ from finetune_studio.supervisor.inference import Generation
 from finetune_studio.text import clean_text
 from finetune_studio.wire import SamplingParams
 
-router = APIRouter(prefix="/v1", tags=["openai"])
+router = APIRouter(prefix="/v1", tags=["openai"], route_class=RequestScopedRoute)
 DONE = b"data: [DONE]\n\n"
 
 _ERRORS: Responses = {

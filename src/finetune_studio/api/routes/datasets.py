@@ -17,13 +17,13 @@ from fastapi.responses import JSONResponse
 
 from finetune_studio.api.admission import check_datasets, check_finite, check_paths
 from finetune_studio.api.deps import StudioDep
-from finetune_studio.api.request_scoped import request_scoped
+from finetune_studio.api.request_scoped import RequestScopedRoute, request_scoped
 from finetune_studio.errors import InspectionBusy, StartRefused
 from finetune_studio.schemas import DatasetInspection, DatasetInspectRequest
 from finetune_studio.supervisor.inspector import RETRY_AFTER_SECONDS, Inspector
 from finetune_studio.text import clean_text
 
-router = APIRouter(prefix="/datasets", tags=["datasets"])
+router = APIRouter(prefix="/datasets", tags=["datasets"], route_class=RequestScopedRoute)
 
 _ANSWERS: dict[Union[int, str], dict[str, Any]] = {
     status.HTTP_400_BAD_REQUEST: {"description": "A dataset file is missing, unreadable or over the size limit"},
