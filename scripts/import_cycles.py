@@ -185,7 +185,7 @@ def find_cycles(package: Path) -> tuple[Edges, list[list[str]]]:
 
 def describe(cycle: list[str], edges: Edges) -> str:
     lines = [" -> ".join(cycle)]
-    for importer, imported in zip(cycle, cycle[1:]):
+    for importer, imported in zip(cycle, cycle[1:], strict=False):
         lines.append(f"    {importer} imports {imported} ({edges[importer][imported]})")
     return "\n".join(lines)
 

@@ -138,7 +138,7 @@ class Settings(BaseSettings):
         gt=0,
         description="A stream client that reads nothing of what it was sent for this long is dropped (it can resume with Last-Event-ID).",
     )
-    # Scale-out (DESIGN.md section 11, docs/SCALE-OUT.md). Unset: jobs train in local
+    # Scale-out (docs/SCALE-OUT.md, docs/SETTINGS.md). Unset: jobs train in local
     # children and nothing of Ray is imported.
     ray_address: Optional[str] = Field(
         default=None,

@@ -1,5 +1,5 @@
-"""OpenAI's wire models for chat (DESIGN.md section 7): the request, the answer, its
-streamed chunks, the model list and the error shape; and for fine-tuning (section 9):
+"""OpenAI's wire models for chat (docs/API.md, Chat): the request, the answer, its
+streamed chunks, the model list and the error shape; and for fine-tuning (docs/API.md, Files and Fine-tuning jobs):
 files, jobs, their events and checkpoints.
 
 Field names and values are OpenAI's, so that any OpenAI client (the official SDK,
@@ -219,7 +219,7 @@ def error_body(message: str, type: str, param: Optional[str] = None, code: Optio
     return {"error": {"message": message, "type": type, "param": param, "code": code}}
 
 
-# -- files (DESIGN.md section 9) --------------------------------------------------
+# -- files (docs/API.md, Files) --------------------------------------------------
 
 
 class FileObject(BaseModel):
@@ -253,7 +253,7 @@ class FileDeleted(BaseModel):
     deleted: bool = True
 
 
-# -- fine-tuning jobs (DESIGN.md section 9) --------------------------------------
+# -- fine-tuning jobs (docs/API.md, Fine-tuning jobs) -----------------------------
 
 Auto = Literal["auto"]
 # OpenAI's statuses, and `paused` (its pause and resume).

@@ -1,8 +1,8 @@
 """The wire models: the seed's four models, the training request, and list shapes.
 
-Names, fields and literal values follow `shared/seed/training_pydantic.md`; the
-request follows Unsloth Studio's `TrainingStartRequest` for text models (DESIGN.md
-section 3). This module holds no logic beyond field validation.
+Names, fields and literal values follow the seed's models (docs/API.md, docs/EVENTS.md); the
+request follows Unsloth Studio's `TrainingStartRequest` for text models (docs/API.md,
+The training request). This module holds no logic beyond field validation.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ ErrorCode = Literal[
 
 TrainingType = Literal["LoRA/QLoRA", "Full Finetuning", "Continued Pretraining"]
 FormatType = Literal["auto", "alpaca", "chatml", "sharegpt", "raw"]
-# DESIGN.md section 10: what the trainer optimises. sft learns the answers; dpo, orpo
+# docs/API.md, Training methods: what the trainer optimises. sft learns the answers; dpo, orpo
 # and kto learn preferences; grpo learns from rewards of its own completions.
 TrainingMethod = Literal["sft", "dpo", "orpo", "kto", "grpo"]
 
@@ -109,7 +109,7 @@ def method_of(training_type: Optional[str], use_lora: Optional[bool]) -> Literal
     return "full" if training_type == "Full Finetuning" or use_lora is False else "lora"
 
 
-# -- GRPO's built-in rewards (DESIGN.md section 10; computed by training/rewards.py) --------
+# -- GRPO's built-in rewards (docs/API.md, Training methods; computed by training/rewards.py) --
 
 
 def _valid_regex(value: Optional[str], info: ValidationInfo) -> Optional[str]:
@@ -306,7 +306,7 @@ class TrainingStartRequest(BaseModel):
     resume_from_checkpoint: Optional[PathText] = None
     gpu_ids: Optional[list[int]] = None
 
-    # training methods (DESIGN.md section 10)
+    # training methods (docs/API.md, Training methods)
     training_method: TrainingMethod = Field(
         default="sft",
         description="Extension. sft (default) trains on the answers; dpo, orpo and kto on preferences"
@@ -330,7 +330,7 @@ class TrainingStartRequest(BaseModel):
         default=None, ge=1, le=65_536, description="Extension, grpo: the longest completion sampled, in tokens (default 256)."
     )
 
-    # scale-out (DESIGN.md section 11): extensions, used when the server runs jobs on Ray
+    # scale-out (docs/API.md, Ray fields; docs/SCALE-OUT.md): extensions, used when the server runs jobs on Ray
     num_workers: int = Field(
         default=1, ge=1, le=4096,
         description="Extension. Data-parallel workers for the job (each trains on its share of every batch); above 1 needs"
@@ -479,7 +479,7 @@ class TrainingProgress(BaseModel):
 
     step: int
     total_steps: int
-    # Widened from the seed's float (DESIGN.md section 1): a step whose loss is NaN or
+    # Widened from the seed's float (docs/EVENTS.md, Progress events): a step whose loss is NaN or
     # infinite is still an event, with `loss: null` and `loss_finite: false` (JSON
     # has no NaN).
     loss: Optional[float] = Field(description="The step's training loss; null when it was not finite.")
@@ -511,7 +511,7 @@ class TrainingProgress(BaseModel):
     timestamp: Optional[float] = None  # Unix time when the step ended (for latency and time axes)
     metrics: Optional[dict[str, float]] = Field(
         default=None,
-        description="Extension (DESIGN.md section 10): what the training method logs beyond the loss, by TRL's names:"
+        description="Extension (docs/API.md, Training methods): what the training method logs beyond the loss, by TRL's names:"
         " dpo rewards/chosen, rewards/rejected, rewards/margins, rewards/accuracies; grpo reward, reward_std,"
         " rewards/<function>/mean, completions/mean_length; kto and orpo theirs. Finite values only.",
     )
@@ -571,7 +571,7 @@ class Health(BaseModel):
     store: Optional[StoreProblem] = None
 
 
-# -- exports (DESIGN.md section 8) ---------------------------------------------
+# -- exports (docs/API.md, Export) ---------------------------------------------
 
 ExportPhase = Literal[
     "idle",

@@ -30,6 +30,12 @@ from typing import Any, Literal, Optional, TypedDict, Union
 from finetune_studio.schemas import ErrorCode, ExportPhase, Phase
 
 STOP_COMMAND = "stop"
+# What every child's process gets in its environment besides the user's (the local
+# children: supervisor/launcher.child_environment; the Ray workers: ray_train/driver.py).
+# The one setting of the server's that its children read too: where llama.cpp's tools are
+# (export/tools.py); every other FINETUNE_STUDIO_* variable stays with the server.
+TOOLS_ENV = "FINETUNE_STUDIO_LLAMA_CPP_TOOLS"
+CHILD_ENV = {"PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_DISABLE_TELEMETRY": "1"}
 # The longest message line the server reads from a child; a child keeps its
 # messages far below it (bounded warnings and excerpts).
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024

@@ -1,4 +1,4 @@
-"""Jobs on a real Ray cluster (DESIGN.md section 11): two nodes on this machine, started here.
+"""Jobs on a real Ray cluster (docs/SCALE-OUT.md): two nodes on this machine, started here.
 
 The cluster is `ray start --head` and `ray start --address` with one CPU each, on
 127.0.0.1, each in a session of its own (stopped by process group at the end), with
@@ -384,7 +384,7 @@ def test_a_storage_the_server_cannot_write_ends_the_job_saying_what_to_check(
 def test_a_server_killed_mid_job_ends_the_cluster_run_and_restarts_to_server_restarted(
     ray_cluster: str, start_server: Any, tiny_model: Path
 ) -> None:
-    """DESIGN section 4 on a cluster (the choice documented in SCALE-OUT.md: no re-attach). The
+    """docs/PROCESSES.md, How each process ends, on a cluster (the choice documented in SCALE-OUT.md: no re-attach). The
     server dies with SIGKILL: its driver child sees its stdin close and stops the run (every rank
     saves after the same step); the restarted server ends the job `server_restarted`, naming
     its last checkpoint, which holds every rank's part."""

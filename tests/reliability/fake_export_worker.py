@@ -1,4 +1,4 @@
-"""A stand-in export child: speaks the export wire (DESIGN.md section 8), converts nothing.
+"""A stand-in export child: speaks the export wire (docs/PROCESSES.md, The job wire), converts nothing.
 
     python -m tests.reliability.fake_export_worker --job-id EXPORT_ID
 

@@ -52,6 +52,12 @@ def test_child_environment_drops_every_server_setting_and_keeps_the_rest() -> No
     assert not [name for name in env if name.startswith("FINETUNE_STUDIO_")]
 
 
+def test_the_tools_folder_setting_reaches_the_export_child() -> None:
+    """The server's export check and the export child look for llama.cpp's tools in the same place."""
+    env = child_environment({"FINETUNE_STUDIO_LLAMA_CPP_TOOLS": "/opt/llama", "FINETUNE_STUDIO_TOKEN": "t"})
+    assert env["FINETUNE_STUDIO_LLAMA_CPP_TOOLS"] == "/opt/llama" and "FINETUNE_STUDIO_TOKEN" not in env
+
+
 def test_head_health_answers_200_without_a_body_and_without_a_token(live_server: Any) -> None:
     server = live_server(host="0.0.0.0", token=TOKEN)
     head = httpx.head(f"{server.url}/health")

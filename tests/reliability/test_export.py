@@ -1,4 +1,4 @@
-"""Exports as jobs (DESIGN.md section 8), server side, with a stand-in export child
+"""Exports as jobs (docs/API.md, Export), server side, with a stand-in export child
 (tests/reliability/fake_export_worker.py) that speaks the export wire and writes
 small files: phases, events and replay, its own slot, stop, failures, the download
 with HTTP Range, and every refusal. llama.cpp itself is tested with the real child

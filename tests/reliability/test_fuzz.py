@@ -139,9 +139,25 @@ def _with_boundaries(values: Any, extra: list[str]) -> st.SearchStrategy[Any]:
 
 @schema.hook
 def flatmap_query(context: Any, query: Any) -> st.SearchStrategy[Any]:
-    cursors = [f"{kind}-{job}-{number}" for job in KNOWN_JOBS for kind in ("ftevent", "ftckpt")
-               for number in (2**63, 10**30, "9" * 4000)]
-    return _with_boundaries(query, cursors)
+    return _with_boundaries(query, [])
+
+
+@schema.hook
+def flatmap_case(context: Any, case: Any) -> st.SearchStrategy[Any]:
+    """On a route that pages a job's events or checkpoints: sometimes a real job, and an
+    `after` cursor of that job numbered past SQLite's integers (the OverflowError of issue 24)."""
+    kind = "ftevent" if case.path.endswith("/events") else "ftckpt" if case.path.endswith("/checkpoints") else ""
+    if not kind or not KNOWN_JOBS or "job_id" not in (case.path_parameters or {}):
+        return st.just(case)
+
+    def aimed(pair: tuple[str, str]) -> Any:
+        job, number = pair
+        case.path_parameters = {**case.path_parameters, "job_id": job}
+        case.query = {**(case.query or {}), "after": f"{kind}-{job}-{number}"}
+        return case
+
+    numbers = [str(2**63), str(10**30), "9" * 4000]
+    return st.one_of(st.just(case), st.tuples(st.sampled_from(KNOWN_JOBS), st.sampled_from(numbers)).map(aimed))
 
 
 @schema.hook
@@ -149,7 +165,7 @@ def flatmap_path_parameters(context: Any, path: Any) -> st.SearchStrategy[Any]:
     deletes = context.operation is not None and str(context.operation.method).upper() == "DELETE"
     if path and "job_id" in path and KNOWN_JOBS and not deletes:  # a real job (kept), so that its other parameters are reached
         real = st.sampled_from(KNOWN_JOBS).map(lambda job: {**path, "job_id": job})
-        return st.one_of(_with_boundaries(path, []), real)
+        return st.one_of(_with_boundaries(path, []), real, real)
     return _with_boundaries(path, [])
 
 

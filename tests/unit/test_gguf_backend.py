@@ -13,8 +13,8 @@ from typing import Any, cast
 
 import pytest
 
-from finetune_studio.inference.failures import RequestFailed
 from finetune_studio.inference.chat_model import BaseKey
+from finetune_studio.inference.failures import RequestFailed
 from finetune_studio.wire import ModelRef
 from tests.unit.test_import_rules import SERVER_SIDE, loaded_by
 

@@ -20,8 +20,8 @@ from typing import Any, Optional
 import pytest
 import torch
 
-from finetune_studio.inference.engine import Engine
 from finetune_studio.inference.chat_model import BaseKey
+from finetune_studio.inference.engine import Engine
 from finetune_studio.inference.pool import ModelPool
 from finetune_studio.inference.sampling import make_generator, next_token
 from finetune_studio.inference.text import TextStream

@@ -1,4 +1,4 @@
-"""A training job as OpenAI's fine-tuning API shows it (DESIGN.md section 9).
+"""A training job as OpenAI's fine-tuning API shows it (docs/API.md, Fine-tuning jobs).
 
 One job, two faces: every training job (started here or through `/train/start`)
 is a `fine_tuning.job`; what OpenAI's request has and ours lacks is kept in the

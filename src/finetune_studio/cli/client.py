@@ -181,7 +181,7 @@ class StudioClient:
                 raise StudioError(f"lost the stream of job {job_id} and could not reconnect")
             time.sleep(min(0.2 * failures, 2.0))
 
-    # -- exports (DESIGN.md section 8) ----------------------------------------
+    # -- exports (docs/API.md, Export) ----------------------------------------
 
     def start_export(self, request: dict[str, Any]) -> str:
         return str(self._request("POST", "/export/start", json=request)["export_id"])

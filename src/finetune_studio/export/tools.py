@@ -30,11 +30,10 @@ from pathlib import Path, PurePosixPath
 from typing import Optional
 
 from finetune_studio.atomic import save_atomically
+from finetune_studio.wire import TOOLS_ENV  # another tools folder (convert_hf_to_gguf.py, gguf-py/)
 
 # The llama-cpp-python release whose llama.cpp both the library and the scripts come from.
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"
-# Names another tools folder (one holding convert_hf_to_gguf.py and gguf-py/).
-TOOLS_ENV = "FINETUNE_STUDIO_LLAMA_CPP_TOOLS"
 # Where `--install` keeps the downloaded sdist, so a second install does not fetch it again.
 SDIST_CACHE_ENV = "FINETUNE_STUDIO_SDIST_CACHE"
 

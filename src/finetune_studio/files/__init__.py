@@ -1,4 +1,4 @@
-"""The one file store (DESIGN.md section 9): files uploaded through `/v1/files`
+"""The one file store (docs/API.md, Files): files uploaded through `/v1/files`
 (OpenAI's fine-tuning files, purpose `fine-tune`) and the page's uploads (purpose
 `studio`), kept under `<data-dir>/files/` and listed in the `files` table.
 

@@ -2,7 +2,7 @@
 
 OpenAI: `{"input": {"messages": [...]}, "preferred_output": [{assistant}],
 "non_preferred_output": [{assistant}]}`. The trainer (TRL's conversational
-preference format, DESIGN.md section 10): `{"prompt": [...messages], "chosen":
+preference format, docs/API.md, Training methods): `{"prompt": [...messages], "chosen":
 [{assistant}], "rejected": [{assistant}]}`. Written once, when a preference file is
 uploaded, beside it (`<id>.dpo.jsonl`); the file is checked first (checks.py).
 """

@@ -29,8 +29,8 @@ from typing import Any, Optional, cast
 import torch
 
 from finetune_studio import failures
-from finetune_studio.inference.failures import RequestFailed
 from finetune_studio.inference.chat_model import BaseKey, ChatModel
+from finetune_studio.inference.failures import RequestFailed
 from finetune_studio.inference.pool import ModelPool
 from finetune_studio.inference.sampling import make_generator, next_token
 from finetune_studio.inference.text import TextStream

@@ -46,8 +46,8 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from finetune_studio.inference.failures import RequestFailed
 from finetune_studio.inference.chat_model import BaseKey
+from finetune_studio.inference.failures import RequestFailed
 
 # The longest context a GGUF answer is given (the model's own, when shorter).
 MAX_CONTEXT = 8192

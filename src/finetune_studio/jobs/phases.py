@@ -13,7 +13,7 @@ saved); resume is the one edge out of a terminal phase: the same job, queued aga
 (`idle`), continues from that checkpoint. `JobStore.transition` guards it: only a
 status with `details.paused` takes it.
 
-An export (kind `export`, DESIGN.md section 8) takes only the stages its format needs:
+An export (kind `export`, docs/API.md, Export; docs/PHASES.md) takes only the stages its format needs:
 
     idle --> loading_model --+--> merging ---------+--> completed          (merged_16bit)
                              |       |             |

@@ -1,4 +1,4 @@
-"""The Ray driver child and what its Ray Train workers run (DESIGN.md section 11).
+"""The Ray driver child and what its Ray Train workers run (docs/SCALE-OUT.md).
 
 `driver.py` is a child process of the server, like the training child, speaking the
 same wire; `sink.py` is the per-job actor that carries rank 0's messages and the

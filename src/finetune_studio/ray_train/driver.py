@@ -44,7 +44,7 @@ from finetune_studio.ray_train.storage import (
 from finetune_studio.schemas import Phase, TrainingStartRequest
 from finetune_studio.training.channel import Channel, StopSignal, open_child_wire
 from finetune_studio.uris import is_uri, join, redacted
-from finetune_studio.wire import JobFolder, WorkerSpec
+from finetune_studio.wire import CHILD_ENV, JobFolder, WorkerSpec
 
 # How long one pull on the sink waits for a line: the longest a stop waits to be passed on.
 PULL_SECONDS = 0.25
@@ -55,8 +55,6 @@ REPEATABLE: frozenset[str] = frozenset({"loading_model", "training"})
 # Why a worker actor died, when it was lost rather than ended by Ray Train (which ends
 # the others with RAY_KILL once one is gone): ActorDiedErrorContext.Reason's names.
 LOST_REASONS = frozenset({"WORKER_DIED", "NODE_DIED"})
-# What the workers' processes get in their environment, as a training child does (launcher.child_environment).
-WORKER_ENV = {"PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_DISABLE_TELEMETRY": "1"}
 
 
 def describe_resources(resources: dict[str, float]) -> str:
@@ -261,7 +259,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     import ray
 
     try:
-        ray.init(address=args.address, runtime_env={"env_vars": WORKER_ENV}, log_to_driver=True)
+        ray.init(address=args.address, runtime_env={"env_vars": dict(CHILD_ENV)}, log_to_driver=True)
     except Exception as exc:  # noqa: BLE001 - ConnectionError, RuntimeError, ValueError: all mean no cluster
         traceback.print_exc()
         channel.status(

@@ -21,17 +21,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Protocol
 
-from finetune_studio.wire import MAX_MESSAGE_BYTES, STOP_COMMAND, JobFolder, WorkerSpec
+from finetune_studio.wire import CHILD_ENV, MAX_MESSAGE_BYTES, STOP_COMMAND, TOOLS_ENV, JobFolder, WorkerSpec
 
 CHILD_MODULE = "finetune_studio.training.child"
-# An export's child (DESIGN.md section 8): the same wire, its own phases.
+# An export's child (docs/PROCESSES.md, The job wire): the same wire, its own phases.
 EXPORT_MODULE = "finetune_studio.export.child"
 # Modules whose processes are the server's workers, for telling an orphan from a reused pid.
 # The Ray driver of a training job on a cluster (supervisor/ray_launcher.py): the same wire too.
 RAY_DRIVER_MODULE = "finetune_studio.ray_train.driver"
 WORKER_MODULES: tuple[str, ...] = (CHILD_MODULE, EXPORT_MODULE, RAY_DRIVER_MODULE)
-# The server's own settings (FINETUNE_STUDIO_TOKEN above all) stay with the server.
+# The server's own settings (FINETUNE_STUDIO_TOKEN above all) stay with the server,
+# but for those meant for the children too (where the export child finds llama.cpp's tools).
 SERVER_PREFIX = "FINETUNE_STUDIO_"
+SHARED_SETTINGS = frozenset({TOOLS_ENV})
 
 
 def child_environment(server_env: Mapping[str, str]) -> dict[str, str]:
@@ -46,8 +48,12 @@ def child_environment(server_env: Mapping[str, str]) -> dict[str, str]:
     child's environment is recorded (W&B's run metadata, crash reports, a model's
     remote code). The child gets its job, secrets included, on stdin.
     """
-    env = {name: value for name, value in server_env.items() if not name.startswith(SERVER_PREFIX)}
-    env.update({"PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_DISABLE_TELEMETRY": "1"})
+    env = {
+        name: value
+        for name, value in server_env.items()
+        if not name.startswith(SERVER_PREFIX) or name in SHARED_SETTINGS
+    }
+    env.update(CHILD_ENV)
     return env
 
 

@@ -1,4 +1,4 @@
-"""The launcher of training jobs on a Ray cluster (`serve --ray-address`, DESIGN.md section 11).
+"""The launcher of training jobs on a Ray cluster (`serve --ray-address`, docs/SCALE-OUT.md).
 
 It starts the job's Ray driver (`python -m finetune_studio.ray_train.driver`) as a
 child process on this machine, exactly as the local launcher starts a training

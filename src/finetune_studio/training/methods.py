@@ -1,4 +1,4 @@
-"""The trainers of the methods beyond SFT (DESIGN.md section 10): dpo, orpo, kto, grpo.
+"""The trainers of the methods beyond SFT (docs/API.md, Training methods): dpo, orpo, kto, grpo.
 
 The recipe builds the arguments every method shares (steps, batch, optimizer,
 schedule, saving, evaluation, CPU or GPU) and hands them here with the checked rows

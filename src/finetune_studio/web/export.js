@@ -1,4 +1,4 @@
-// The export panel of a finished job's view (DESIGN.md section 8): choose a format
+// The export panel of a finished job's view (docs/API.md, Export): choose a format
 // and quantizations, start an export, follow it stage by stage from its event stream
 // (the same stream, ids and replay as a training job's: sse.js), and get its files
 // with their sizes and download links, and the `ollama create` line to copy.

@@ -1,4 +1,4 @@
-// The training method's own figures beside the loss (DESIGN.md section 10): a dpo,
+// The training method's own figures beside the loss (docs/API.md, Training methods): a dpo,
 // orpo, kto or grpo job's progress events carry `metrics` ({name: number}, TRL's
 // names), and this module charts the ones that say whether the method is learning:
 // the rewards (DPO's chosen, rejected and margin; GRPO's mean reward and each reward

@@ -1,4 +1,4 @@
-"""The OpenAI-compatible chat routes of DESIGN.md section 7: GET /v1/models and
+"""The OpenAI-compatible chat routes (docs/API.md, Chat): GET /v1/models and
 POST /v1/chat/completions (whole, or streamed as `chat.completion.chunk` lines
 closed by `data: [DONE]`).
 

@@ -1,4 +1,4 @@
-"""The export routes of DESIGN.md section 8: start, status, stream, stop, jobs, download.
+"""The export routes (docs/API.md, Export): start, status, stream, stop, jobs, download.
 
 An export is a job of kind `export` (jobs/phases.py): it is queued, run in its own
 child (`python -m finetune_studio.export.child`, from its own pool of slots), and

@@ -1,4 +1,4 @@
-"""OpenAI's Files API over the one file store (DESIGN.md section 9): POST /v1/files
+"""OpenAI's Files API over the one file store (docs/API.md, Files): POST /v1/files
 (multipart: `file`, `purpose`), GET /v1/files, GET /v1/files/{id}, GET
 /v1/files/{id}/content, DELETE /v1/files/{id}.
 

@@ -1,4 +1,4 @@
-"""OpenAI's fine-tuning jobs API (DESIGN.md section 9) over the server's training jobs:
+"""OpenAI's fine-tuning jobs API (docs/API.md, Fine-tuning jobs) over the server's training jobs:
 create, list, retrieve, cancel, pause, resume, events, checkpoints.
 
 A job created here is queued through the same admission and queue as

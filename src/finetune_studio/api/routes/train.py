@@ -1,4 +1,4 @@
-"""The training routes of DESIGN.md section 2: start, status, progress, stream, stop, jobs;
+"""The training routes (docs/API.md, Training jobs): start, status, progress, stream, stop, jobs;
 and one job's request (GET), rename (PATCH) and delete (DELETE) under /train/jobs/{id}."""
 
 from __future__ import annotations

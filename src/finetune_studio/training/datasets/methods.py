@@ -1,4 +1,4 @@
-"""The rows of the training methods beyond SFT (DESIGN.md section 10), read and checked.
+"""The rows of the training methods beyond SFT (docs/API.md, Training methods), read and checked.
 
 Every file type SFT reads carries these rows too (`.jsonl .json .csv .parquet`; not
 `.txt`, which holds raw text), and each bad row is reported with its file and line by
