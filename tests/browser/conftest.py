@@ -32,7 +32,7 @@ VIEWPORT = {"width": 1280, "height": 900}
 EXPECT_TIMEOUT = 15_000  # milliseconds
 
 
-def expect(target: Any) -> Any:
+def expect(target: Any, message: str | None = None) -> Any:
     """Playwright's `expect`: its assertions retry until the state holds or EXPECT_TIMEOUT
     passes. What the page shows after an action (a click, a fill, a state the test waited
     for in `window.__studio`) is drawn on a later animation frame, so it is read through
@@ -41,7 +41,7 @@ def expect(target: Any) -> Any:
     from playwright.sync_api import expect as playwright_expect
 
     playwright_expect.set_options(timeout=EXPECT_TIMEOUT)
-    return playwright_expect(target)
+    return playwright_expect(target, message)
 
 
 def missing(what: str) -> NoReturn:

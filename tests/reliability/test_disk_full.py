@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -47,7 +48,7 @@ def studio_of(client: TestClient) -> Studio:
     return client.app.state.studio  # type: ignore[attr-defined,no-any-return]
 
 
-def assert_disk_full(answer: Any, openai: bool) -> str:
+def assert_disk_full(answer: Any, openai: bool, advice: str = ADVICE) -> str:
     assert answer.status_code == 507, answer.text
     assert answer.headers["x-should-retry"] == "false"
     body = answer.json()
@@ -58,7 +59,7 @@ def assert_disk_full(answer: Any, openai: bool) -> str:
     else:
         assert body["error_code"] == "disk_full", body
         message = str(body["detail"])
-    assert message.startswith("The disk is full (") and ADVICE in message, message
+    assert message.startswith("The disk is full (") and advice in message, message
     return message
 
 
@@ -96,6 +97,22 @@ def test_an_upload_to_a_full_disk_is_507_saying_what_to_free_and_leaves_nothing(
     assert again.status_code == 200, again.text
     assert client.get("/health").json() == {"status": "ok"}
     assert len(stored_files(files_dir)) == 2
+
+
+def test_an_upload_whose_temporary_folder_is_on_a_full_disk_is_507_naming_it(
+    small_disk: SmallDisk, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The multipart parser spools a form past 1 MiB to the temporary folder before any
+    route runs: a full disk there was a 400 "the body is not JSON text"."""
+    monkeypatch.setattr(tempfile, "tempdir", str(small_disk.path))
+    with TestClient(create_app(Settings(data_dir=tmp_path / "data"), launcher=InstantLauncher()),
+                    base_url="http://127.0.0.1") as client:
+        small_disk.fill()
+        message = assert_disk_full(upload(client), openai=True, advice="Free space on the disk that holds it")
+        assert f"could not be spooled to the server's temporary folder ({small_disk.path})" in message
+        assert client.get("/v1/files").json()["data"] == []
+        small_disk.free()
+        assert upload(client).status_code == 200
 
 
 def test_starting_a_job_on_a_full_disk_is_507_and_the_server_still_answers(

@@ -7,6 +7,7 @@ import contextlib
 import logging
 import math
 import mimetypes
+import tempfile
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any, Optional
@@ -33,6 +34,7 @@ from finetune_studio.api.routes import chat, datasets, export, files, fine_tunin
 from finetune_studio.api.streaming import StudioApp
 from finetune_studio.config import Settings, token_problem
 from finetune_studio.errors import StartRefused, StorageFailed, StudioError, UnsafeSettings
+from finetune_studio.failures import chain, storage_fault
 from finetune_studio.files.store import FileStore
 from finetune_studio.jobs.lock import DataDirLock
 from finetune_studio.jobs.service import JobService
@@ -106,7 +108,11 @@ def create_app(
             exporting: WorkerLauncher = export_launcher or LocalProcessLauncher(settings.worker_python, module=EXPORT_MODULE)
             if settings.unload_chat_for_training:
                 exporting = UnloadingLauncher(exporting, inference)
-            supervisor = Supervisor(service, training, settings, export_launcher=exporting)
+            # A GGUF export admitted while llama.cpp builds in the background waits for the tools.
+            supervisor = Supervisor(
+                service, training, settings, export_launcher=exporting,
+                export_tools_problem=lambda: export.gguf_tools_problem(),
+            )
             app.state.studio = Studio(settings, service, supervisor, inference, file_store)
             inspector = app.state.inspector = Inspector(settings, inspect_module)  # dataset inspections: children of their own
             await supervisor.start()
@@ -182,6 +188,9 @@ def create_app(
         if exc.status_code == 413:  # a body without Content-Length that grew past the limit
             body = too_large_body(settings.max_request_bytes, openai=request.url.path.startswith(OPENAI_PREFIX))
             return JSONResponse(body, status_code=413)
+        unspooled = spool_failure(exc)
+        if unspooled is not None:  # the body was fine, the disk it is spooled to was not
+            return await studio_error(request, unspooled)
         if request.url.path.startswith(OPENAI_PREFIX):
             if exc.status_code == 400 and exc.__cause__ is not None:
                 return openai_errors.not_json(str(exc.__cause__))
@@ -206,6 +215,26 @@ def create_app(
         # The UI's files hold no data; its API calls carry the token.
         app.router.routes.append(UiMount("/", app=StaticFiles(directory=WEB_DIR, html=True), name="web"))
     return app
+
+
+def spool_failure(exc: StarletteHTTPException) -> Optional[StorageFailed]:
+    """The StorageFailed of a body FastAPI could not read because its spooled copy could
+    not be written (an upload's form goes to the temporary folder past 1 MiB): a full
+    disk there is a 507 that says so, not a 400 about the body; None for anything else."""
+    cause = exc.__cause__
+    if exc.status_code != 400 or cause is None or not any(isinstance(link, OSError) for link in chain(cause)):
+        return None
+    fault = storage_fault(cause)
+    if fault is None:
+        return None
+    folder = tempfile.gettempdir()
+    detail = str(cause).strip().splitlines()[0][:200] if str(cause).strip() else type(cause).__name__
+    what = "The disk is full" if fault.error_code == "disk_full" else "The server's temporary folder cannot be written"
+    return StorageFailed(
+        fault.error_code,
+        f"{what} ({detail}): the upload could not be spooled to the server's temporary folder ({folder}). Free space"
+        " on the disk that holds it, or start the server with TMPDIR naming a folder on a larger one",
+    )
 
 
 def allowed_methods(path: str) -> str:

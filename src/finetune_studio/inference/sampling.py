@@ -28,8 +28,8 @@ def next_token(logits: torch.Tensor, temperature: float, top_p: float, generator
     """The next token id; `logits` is the float32 vector of the last position.
 
     A temperature too small to divide by is greedy: below about max|logit| / 3.4e38
-    (float32's largest number; 1e-45, say) the scaled logits overflow to infinity (or,
-    on a GPU, which multiplies by 1 / temperature, to NaN), and their softmax is NaN,
+    (float32's largest number; 1e-45, say) the scaled logits overflow to infinity (or to
+    NaN, where a kernel multiplies by 1 / temperature), and their softmax is NaN,
     which torch.multinomial refuses. The limit of such a softmax is the argmax, so the
     argmax is what it picks. A top_p too small for float32 (1e-320 is 0 there) keeps
     the most likely token only, as every top_p does: greedy too."""

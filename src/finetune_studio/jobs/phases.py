@@ -72,6 +72,9 @@ EXPORT_ALLOWED_FROM: dict[str, frozenset[str]] = {
     "completed": frozenset({"merging", "converting", "quantizing"}),
     "error": frozenset({"idle"}) | EXPORT_RUNNING,
     "stopped": frozenset({"idle"}) | EXPORT_RUNNING,
+    # A queued GGUF export waiting for llama.cpp's build says how far it is, again and
+    # again, without leaving the queue (supervisor._tools_ready).
+    "idle": frozenset({"idle"}),
 }
 
 # Per kind: its phases, its running phases, its table, and the phases that take progress events.

@@ -84,9 +84,11 @@ def _show_queue_position(
     status: Union[TrainingStatus, ExportStatus], job: JobRecord, queue_position: Optional[int]
 ) -> None:
     """A queued job's status says its place in its queue: in the message and in
-    `details.queue_position` (the same number)."""
+    `details.queue_position` (the same number). An export waiting for llama.cpp's
+    build keeps its message, which says how far the build is."""
     if queue_position is not None and status.phase == "idle":
-        status.message = f"Queued (position {queue_position})"
+        if not (status.details or {}).get("waiting_for"):
+            status.message = f"Queued (position {queue_position})"
         status.details = {**(status.details or {}), "queue_position": queue_position}
 
 

@@ -220,7 +220,7 @@ class JobStore:
                 raise InvalidTransition(f"job {job_id} cannot go to {target!r}: no phase of a {kind} job leads there")
             marks = ",".join("?" * len(allowed))
             resets, guard, values = "", "", []
-            if target == "idle":  # resume
+            if target == "idle" and kind == "train":  # resume (an export's idle -> idle is a new message)
                 resets, guard = ", stop_requested = 0, pause_requested = 0, worker_pid = NULL", _PAUSED
             if request is not None:
                 resets += ", request_json = ?"

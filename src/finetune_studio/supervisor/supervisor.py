@@ -51,11 +51,12 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, TypeVar
 
-from finetune_studio import failures
+from finetune_studio import failures, llama_build
 from finetune_studio.config import Settings
 from finetune_studio.errors import InvalidTransition, JobAlreadyFinished, NotPausable, StorageFailed
 from finetune_studio.failures import storage_fault
@@ -86,6 +87,8 @@ _FAILED = {"train": "Training failed", "export": "Export failed"}
 # The scheduler's pause after a failed start, doubled by each failure in a row.
 START_BACKOFF_SECONDS = 0.5
 MAX_BACKOFF_SECONDS = 60.0
+# How often a GGUF export waiting for llama.cpp's build looks at it again.
+TOOLS_POLL_SECONDS = 5.0
 
 
 @dataclass
@@ -112,9 +115,12 @@ class Supervisor:
         settings: Settings,
         *,
         export_launcher: Optional[WorkerLauncher] = None,
+        export_tools_problem: Optional[Callable[[], Optional[str]]] = None,
     ) -> None:
         """`launcher` starts training jobs; `export_launcher` exports (default: a local
-        `python -m finetune_studio.export.child`)."""
+        `python -m finetune_studio.export.child`). `export_tools_problem` says what GGUF
+        exports lack (None: nothing), for those admitted while llama.cpp's build was under
+        way, which wait for it (`_tools_ready`); without it they start at once."""
         self.service = service
         self.launcher = launcher
         self.settings = settings
@@ -123,6 +129,7 @@ class Supervisor:
             "export": export_launcher or LocalProcessLauncher(settings.worker_python, module=EXPORT_MODULE),
         }
         self.slots: dict[str, int] = {"train": settings.max_concurrent_jobs, "export": settings.max_concurrent_exports}
+        self._export_tools_problem = export_tools_problem
         self._active: dict[str, ActiveJob] = {}
         # The secrets (hf_token, wandb_token) of queued jobs, held in memory only:
         # the rest of a request is read back from the store when the job starts. A
@@ -135,6 +142,7 @@ class Supervisor:
         self._start_failures = 0
         self._not_before = 0.0
         self._timer: Optional[asyncio.TimerHandle] = None
+        self._tools_timer: Optional[asyncio.TimerHandle] = None  # the next look at llama.cpp's build
         self._retrying: Optional[asyncio.Task[None]] = None  # writes the held ends once the store takes them
         service.store.health.listeners.append(self._keep_retrying)
 
@@ -151,8 +159,9 @@ class Supervisor:
     async def shutdown(self) -> None:
         """Stop running jobs cooperatively (they save), then make sure no worker outlives us."""
         self._closing = True
-        if self._timer is not None:
-            self._timer.cancel()
+        for timer in (self._timer, self._tools_timer):
+            if timer is not None:
+                timer.cancel()
         for task in (self._loop_task, self._retrying):
             if task:
                 task.cancel()
@@ -201,13 +210,45 @@ class Supervisor:
                     break
                 if job_id in self._active or self.service.is_held(job_id):
                     continue
-                active = self._prepare(self.service.store.get_job(job_id))
+                job = self.service.store.get_job(job_id)
+                if kind == "export" and job.request.get(llama_build.WAITS_FOR_BUILD) and not self._tools_ready(job):
+                    continue  # it holds no slot while it waits (later exports may pass it)
+                active = self._prepare(job)
                 self._active[job_id] = active
                 running += 1
                 active.task = asyncio.create_task(self._run(active), name=f"{kind}-{job_id}")
 
     def _backoff_over(self) -> None:
         self._timer = None
+        self._wake.set()
+
+    def _tools_ready(self, job: JobRecord) -> bool:
+        """Whether a GGUF export admitted during llama.cpp's build (the route said so in its
+        request) can start: once the tools are there. Until then it stays queued, its
+        `idle` message saying how far the build is, looked at every TOOLS_POLL_SECONDS;
+        when the build ends without them, it ends `error` with `export_tools_missing`."""
+        if self._export_tools_problem is None:
+            return True
+        wait = llama_build.tools_wait(self._export_tools_problem)
+        if wait.state == "ready":
+            return True
+        try:
+            if wait.state == "missing":
+                self._end_if_unfinished(job.id, "error", "export_tools_missing", wait.message)
+                return False
+            if job.status.get("message") != wait.message:
+                details = {"output_dir": job.output_dir, **wait.build.details()}
+                self.service.transition(job.id, "idle", wait.message, details=details)
+        except InvalidTransition:
+            return False  # stopped meanwhile
+        except StorageFailed as exc:
+            log.warning("export %s waits for llama.cpp's build; its status was not written: %s", job.id, exc)
+        if self._tools_timer is None:
+            self._tools_timer = asyncio.get_running_loop().call_later(TOOLS_POLL_SECONDS, self._tools_poll_due)
+        return False
+
+    def _tools_poll_due(self) -> None:
+        self._tools_timer = None
         self._wake.set()
 
     def _start_failed(self) -> None:

@@ -13,7 +13,9 @@ is cancelled in the child).
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import time
 from collections.abc import AsyncIterator
 from typing import Any, Optional
@@ -21,6 +23,7 @@ from typing import Any, Optional
 from fastapi import APIRouter, Response, status
 from fastapi.responses import JSONResponse
 
+from finetune_studio import llama_build
 from finetune_studio.api.deps import Responses, StudioDep
 from finetune_studio.api.request_scoped import RequestScopedRoute, request_scoped
 from finetune_studio.api.served_models import resolve_model, served_models
@@ -42,10 +45,15 @@ from finetune_studio.openai_wire import (
 )
 from finetune_studio.supervisor.inference import Generation
 from finetune_studio.text import clean_text
-from finetune_studio.wire import SamplingParams
+from finetune_studio.wire import ModelRef, SamplingParams
 
 router = APIRouter(prefix="/v1", tags=["openai"], route_class=RequestScopedRoute)
 DONE = b"data: [DONE]\n\n"
+log = logging.getLogger("finetune_studio.chat")
+# A chat with an export's GGUF, asked for while llama.cpp's build runs in the
+# background (llama_build.py), waits for it: looking again this often, at most this long.
+LLAMA_BUILD_POLL_SECONDS = 2.0
+LLAMA_BUILD_WAIT_SECONDS = 30 * 60.0
 
 _ERRORS: Responses = {
     status.HTTP_400_BAD_REQUEST: {"model": ErrorResponse, "description": "A bad parameter; `error.param` names it"},
@@ -82,6 +90,7 @@ async def chat_completions(body: ChatCompletionRequest, studio: StudioDep) -> Re
         "seed": body.seed,
     }
     messages = [{"role": message.template_role, "content": message.text} for message in body.messages]
+    await wait_for_llama_build(model)
     generation = await studio.inference.generate(model, messages, params)
     streaming = False
     try:
@@ -104,6 +113,22 @@ async def chat_completions(body: ChatCompletionRequest, studio: StudioDep) -> Re
     finally:
         if not streaming:
             generation.close()  # a no-op once the answer is complete; otherwise it cancels it in the child
+
+
+async def wait_for_llama_build(model: ModelRef) -> None:
+    """Return once a model llama.cpp answers can be loaded: at once, unless `llama_cpp` is
+    not installed yet while its build runs in the background; then when the build ends
+    (or after LLAMA_BUILD_WAIT_SECONDS). A client that goes away ends the wait
+    (`@request_scoped`). Without llama_cpp after that, the chat child says how to install it."""
+    if model.get("backend") != "llama_cpp":
+        return
+    deadline = time.monotonic() + LLAMA_BUILD_WAIT_SECONDS
+    build = llama_build.llama_cpp_wait()
+    if build is not None:
+        log.info("a chat with %s waits for llama.cpp's build (log: %s)", model["base"]["location"], build.log)
+    while build is not None and time.monotonic() < deadline:
+        await asyncio.sleep(LLAMA_BUILD_POLL_SECONDS)
+        build = llama_build.llama_cpp_wait()
 
 
 async def _collect(generation: Generation, model: str, created: int, started: dict[str, Any]) -> ChatCompletion:

@@ -16,6 +16,7 @@ from typing import Annotated, Any, Optional
 from fastapi import APIRouter, Query, Request, Response, status
 from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
 
+from finetune_studio import llama_build
 from finetune_studio.api.deps import ExportDep, Responses, StudioDep, studio_of
 from finetune_studio.api.job_stream import (
     LastEventIdHeader,
@@ -45,7 +46,8 @@ _NOT_FOUND: Responses = {status.HTTP_404_NOT_FOUND: {"description": "No export h
 _REFUSED: Responses = {
     status.HTTP_400_BAD_REQUEST: {
         "model": ExportJobResponse,
-        "description": "The export cannot run here (llama.cpp's tools missing: `export_tools_missing`; a format the job's result cannot take)",
+        "description": "The export cannot run here (llama.cpp's tools missing, and no build of them under way:"
+        " `export_tools_missing`; a format the job's result cannot take)",
     },
     status.HTTP_404_NOT_FOUND: {"model": ExportJobResponse, "description": "No training job has this id"},
     status.HTTP_409_CONFLICT: {"model": ExportJobResponse, "description": "The training job has no result to export (yet)"},
@@ -114,10 +116,15 @@ async def start_export(request: ExportStartRequest, studio: StudioDep) -> Respon
             " format gguf or merged_16bit",
             "config_invalid",
         )
+    # While llama.cpp's build runs in the background (scripts/demo.sh starts it), a GGUF
+    # export is taken and waits queued for it (the supervisor holds it: llama_build.py).
+    build: Optional[llama_build.LlamaBuild] = None
     if request.format in ("gguf", "lora_gguf"):
         missing = gguf_tools_problem()
         if missing:
-            return _refused(status.HTTP_400_BAD_REQUEST, missing, "export_tools_missing")
+            build = llama_build.probe()
+            if not build.running:
+                return _refused(status.HTTP_400_BAD_REQUEST, missing + build.note(), "export_tools_missing")
     queued = len(studio.supervisor.queue_positions("export"))
     if queued >= studio.settings.max_queued_jobs:
         return _refused(
@@ -127,14 +134,20 @@ async def start_export(request: ExportStartRequest, studio: StudioDep) -> Respon
     quantizations = request.quantizations()
     # Stored whole: it is what the export child gets (wire.WorkerSpec.request), and holds no secret.
     stored: dict[str, Any] = {**request.model_dump(), "source_dir": job.output_dir, "quantizations": quantizations}
-    details = {"format": request.format, "quantizations": quantizations}
-    export = studio.service.create_job(stored, message="Queued", details=details, kind="export")
+    details: dict[str, Any] = {"format": request.format, "quantizations": quantizations}
+    message = "Queued"
+    if build is not None:
+        stored[llama_build.WAITS_FOR_BUILD] = True
+        details.update(build.details())
+        message = build.waiting_message()
+    export = studio.service.create_job(stored, message=message, details=details, kind="export")
     studio.supervisor.submit(export.id, {})
     what = request.format + (f" ({', '.join(quantizations)})" if quantizations else "")
+    answer = f"Export {export.id} of job {job.id} as {what} queued at position {queued + 1}"
+    if build is not None:
+        answer += f"; it waits for llama.cpp's build in the background to finish{f' (log: {build.log})' if build.log else ''}"
     return JSONResponse(
-        ExportJobResponse(
-            export_id=export.id, status="queued", message=f"Export {export.id} of job {job.id} as {what} queued at position {queued + 1}"
-        ).model_dump(exclude_none=True)
+        ExportJobResponse(export_id=export.id, status="queued", message=answer).model_dump(exclude_none=True)
     )
 
 
