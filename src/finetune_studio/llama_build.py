@@ -328,7 +328,7 @@ def start_build(command: list[str], folder: Optional[Path] = None) -> tuple[bool
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline:
         found = probe(folder)
-        if found.running:
+        if found.running and found.started_at is not None:
             return True, found
         time.sleep(0.05)
     return True, LlamaBuild("building", log)

@@ -63,6 +63,9 @@ FormatType = Literal["auto", "alpaca", "chatml", "sharegpt", "raw"]
 # docs/API.md, Training methods: what the trainer optimises. sft learns the answers; dpo, orpo
 # and kto learn preferences; grpo learns from rewards of its own completions.
 TrainingMethod = Literal["sft", "dpo", "orpo", "kto", "grpo"]
+# `beta` when the request leaves it out, per method (sft has none): training/methods.py,
+# and OpenAI's "auto" beta for dpo (api/openai_jobs.py).
+DEFAULT_BETA: dict[str, float] = {"dpo": 0.1, "orpo": 0.1, "kto": 0.1, "grpo": 0.0}
 
 # Fields that hold secrets: never stored, logged or echoed.
 SECRET_FIELDS = ("hf_token", "wandb_token")

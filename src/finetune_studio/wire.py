@@ -30,6 +30,8 @@ from typing import Any, Literal, Optional, TypedDict, Union
 from finetune_studio.schemas import ErrorCode, ExportPhase, Phase
 
 STOP_COMMAND = "stop"
+# What the trainer names each checkpoint folder: checkpoint-<step> (checkpoint_name, checkpoint_step).
+CHECKPOINT_PREFIX = "checkpoint-"
 # What every child's process gets in its environment besides the user's (the local
 # children: supervisor/launcher.child_environment; the Ray workers: ray_train/driver.py).
 # The one setting of the server's that its children read too: where llama.cpp's tools are
@@ -136,7 +138,7 @@ class JobFolder:
         a crash cut short: no readable trainer_state.json), and say which. For a child
         whose training ended in error: nothing writes to the folder any more."""
         removed = []
-        for path in self.checkpoints.glob("checkpoint-*"):
+        for path in self.checkpoints.glob(f"{CHECKPOINT_PREFIX}*"):
             if path.is_dir() and not path.is_symlink() and not checkpoint_is_complete(path):
                 shutil.rmtree(path, ignore_errors=True)
                 removed.append(path)
@@ -153,14 +155,32 @@ def checkpoint_is_complete(path: Path) -> bool:
     return True
 
 
+def checkpoint_name(step: int) -> str:
+    """The folder name of the checkpoint saved at `step` (the trainer's own: `checkpoint-N`)."""
+    return f"{CHECKPOINT_PREFIX}{step}"
+
+
+def checkpoint_step(name: str) -> Optional[int]:
+    """The step of a `checkpoint-N` folder name, or None for any other name."""
+    step = name.removeprefix(CHECKPOINT_PREFIX)
+    if step == name or not step.isdigit() or not step.isascii():
+        return None
+    return int(step)
+
+
+def complete_checkpoints(folder: Path) -> list[tuple[int, Path]]:
+    """(step, folder) of each complete `checkpoint-N` right under `folder`, newest first."""
+    found = []
+    for path in folder.glob(f"{CHECKPOINT_PREFIX}*"):
+        step = checkpoint_step(path.name)
+        if step is not None and checkpoint_is_complete(path):
+            found.append((step, path))
+    return sorted(found, reverse=True)
+
+
 def last_checkpoint(folder: Path) -> Optional[Path]:
     """The complete `checkpoint-N` with the highest N under folder (or folder/checkpoints); or None."""
-    found: list[tuple[int, Path]] = []
-    for base in (folder, folder / "checkpoints"):
-        for path in base.glob("checkpoint-*"):
-            step = path.name.removeprefix("checkpoint-")
-            if step.isdigit() and checkpoint_is_complete(path):
-                found.append((int(step), path))
+    found = complete_checkpoints(folder) + complete_checkpoints(folder / "checkpoints")
     return max(found)[1] if found else None
 
 

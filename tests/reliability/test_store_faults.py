@@ -10,9 +10,7 @@ grown), and on a real tmpfs filled to the last byte.
 
 from __future__ import annotations
 
-import os
 import sqlite3
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -23,7 +21,7 @@ import httpx
 import psutil
 import pytest
 
-from tests.conftest import wait_for
+from tests.conftest import SmallDisk, wait_for
 from tests.reliability.conftest import FAKE_WORKER, LiveServer, dataset, start_body
 
 _WRITES = ("insert", "update", "delete", "begin", "replace")
@@ -192,46 +190,15 @@ def test_failed_starts_back_off_and_never_exceed_the_slots(
 # -- a real full disk ------------------------------------------------------------
 
 
-@pytest.fixture
-def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """A 40 MB tmpfs, where mounting one works (root on Linux); skipped elsewhere."""
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=40m", "tmpfs", str(mount)], capture_output=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here ({done.stderr.decode().strip() or done.returncode}): needs root on Linux")
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
-
-
-def fill(folder: Path) -> Path:
-    """Fill the file system under folder to its last byte."""
-    filler = folder / "filler"
-    with open(filler, "wb", buffering=0) as handle:
-        try:
-            while True:
-                handle.write(b"\0" * (1 << 20))
-        except OSError:
-            pass
-        try:
-            while True:
-                handle.write(b"\0" * 4096)
-        except OSError:
-            pass
-    return filler
-
-
 def test_a_full_disk_under_the_data_dir_never_starts_more_children_than_slots(
-    small_disk: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    small_disk: SmallDisk, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from finetune_studio.config import Settings
     from finetune_studio.supervisor.launcher import LocalProcessLauncher
     from tests.reliability.conftest import FAKE_EXPORT_WORKER
 
     monkeypatch.setenv("FAKE_WORKER_STEP_S", "0.02")
-    settings = Settings(data_dir=small_disk / "data", stop_grace_seconds=5, kill_grace_seconds=1)
+    settings = Settings(data_dir=small_disk.path / "data", stop_grace_seconds=5, kill_grace_seconds=1)
     server = LiveServer(settings, LocalProcessLauncher(module=FAKE_WORKER), LocalProcessLauncher(module=FAKE_EXPORT_WORKER))
     with server, server.client() as client:
         data = dataset(tmp_path)
@@ -242,7 +209,7 @@ def test_a_full_disk_under_the_data_dir_never_starts_more_children_than_slots(
         (folder / "adapter" / "adapter_config.json").write_text("{}")
         (folder / "job.json").write_text('{"method": "lora"}')
         with Watch(server.url) as watch:
-            filler = fill(small_disk)
+            small_disk.fill()
             # Whatever of these the full disk lets through, none may loop.
             answers = [httpx.post(f"{server.url}/export/start", json={"job_id": done, "format": "merged_16bit"}) for _ in range(3)]
             answers += [httpx.post(f"{server.url}/train/start", json=start_body(data, max_steps=2)) for _ in range(3)]
@@ -250,7 +217,7 @@ def test_a_full_disk_under_the_data_dir_never_starts_more_children_than_slots(
                 assert answer.status_code < 500 or answer.status_code in (503, 507), answer.text
             time.sleep(3)
             assert watch.most_children <= 2, f"{watch.most_children} children at once with a training and an export slot"
-            os.unlink(filler)
+            small_disk.free()
             wait_for(lambda: client.health()["status"] == "ok", timeout=30, what="health to be ok again")
             assert watch.unanswered == 0, "/health went unanswered on a full disk"
         for job in client.jobs():
@@ -259,3 +226,27 @@ def test_a_full_disk_under_the_data_dir_never_starts_more_children_than_slots(
         for export in client.exports():
             wait_for(lambda e=export["export_id"]: client.export_status(e)["phase"] in ("completed", "error", "stopped"),
                      timeout=60, what="every export to end")
+
+
+def test_a_deleted_jobs_folder_that_cannot_be_removed_is_503_saying_why(
+    failing_server: tuple[LiveServer, FailingConnection], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The job's rows go; its folder stays on a file system that refuses (read-only):
+    503 `storage_unavailable` naming the folder and the reason, never a 500."""
+    import errno
+    import shutil
+
+    server, _ = failing_server
+    with server.client() as client:
+        done = client.start(start_body(dataset(tmp_path), max_steps=2))
+        wait_for(lambda: client.status(done)["phase"] == "completed", what="a job to complete")
+
+        def refuse(path: object, *args: object, **kwargs: object) -> None:
+            raise OSError(errno.EROFS, "Read-only file system", str(path))
+
+        monkeypatch.setattr(shutil, "rmtree", refuse)
+        answer = httpx.delete(f"{server.url}/train/jobs/{done}")
+    assert answer.status_code == 503, answer.text
+    assert answer.json()["error_code"] == "storage_unavailable"
+    assert "Read-only file system" in answer.json()["detail"] and done in answer.json()["detail"]
+    assert answer.headers["x-should-retry"] == "false"

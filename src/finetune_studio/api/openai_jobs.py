@@ -30,6 +30,7 @@ from typing import Any, Optional, cast
 from finetune_studio.bounds import MAX_SQL_INTEGER, cursor_number, excerpt
 from finetune_studio.errors import FileNotFound, InvalidChatRequest
 from finetune_studio.files.store import FileStore, StoredFile
+from finetune_studio.jobs.phases import RUNNING
 from finetune_studio.jobs.store import JobRecord, JobStore, StoredEvent
 from finetune_studio.openai_wire import (
     CheckpointMetrics,
@@ -50,7 +51,6 @@ from finetune_studio.wire import JobFolder
 BASE_LEARNING_RATE = 2e-4
 # What "auto" means for each hyperparameter.
 AUTO: dict[str, float] = {"n_epochs": 3, "batch_size": 1, "learning_rate_multiplier": 1.0, "beta": 0.1}
-_RUNNING = {"loading_model", "loading_dataset", "configuring", "training"}
 _CHECKPOINT_TAIL = re.compile(r"^ckpt-step-([0-9]+)$")
 _EVENT_ID = re.compile(r"^ftevent-([0-9a-f]+)-([0-9]+)$")
 _CHECKPOINT_ID = re.compile(r"^ftckpt-([0-9a-f]+)-([0-9]+)$")
@@ -164,7 +164,7 @@ def _data_path(stored: StoredFile, method: str) -> Path:
 def openai_status(phase: str, details: Optional[dict[str, Any]]) -> FineTuningStatus:
     if phase == "idle":
         return "queued"
-    if phase in _RUNNING:
+    if phase in RUNNING:
         return "running"
     if phase == "completed":
         return "succeeded"

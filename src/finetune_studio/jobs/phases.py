@@ -45,7 +45,10 @@ KINDS: tuple[str, ...] = get_args(JobKind)
 
 PHASES: tuple[str, ...] = get_args(Phase)
 TERMINAL: frozenset[str] = frozenset({"completed", "error", "stopped"})
-RUNNING: frozenset[str] = frozenset({"loading_model", "loading_dataset", "configuring", "training"})
+# The running phases, in the order a job goes through them (the Ray driver drops a
+# restarted run's early phases by it; OpenAI's face calls them all `running`).
+RUNNING_ORDER: tuple[Phase, ...] = ("loading_model", "loading_dataset", "configuring", "training")
+RUNNING: frozenset[str] = frozenset(RUNNING_ORDER)
 
 ALLOWED_FROM: dict[str, frozenset[str]] = {
     # target phase: the phases it may be entered from
@@ -61,6 +64,8 @@ ALLOWED_FROM: dict[str, frozenset[str]] = {
     "stopped": frozenset({"idle"}) | RUNNING,
     "idle": frozenset({"stopped"}),  # resume: a paused job only (the store's guard)
 }
+# The phases a training job may be told again with new words (entered from themselves).
+REPEATABLE: frozenset[str] = frozenset(target for target, sources in ALLOWED_FROM.items() if target in sources)
 
 EXPORT_PHASES: tuple[str, ...] = get_args(ExportPhase)
 EXPORT_RUNNING: frozenset[str] = frozenset({"loading_model", "merging", "converting", "quantizing"})

@@ -19,6 +19,7 @@ from transformers import TrainerCallback
 
 from finetune_studio.ray_train.storage import StorageError, Store, put_checkpoint_part
 from finetune_studio.training.channel import JobFailure
+from finetune_studio.wire import checkpoint_name
 
 
 def everyone_ok(ok: bool) -> bool:
@@ -45,7 +46,7 @@ class CheckpointUpload(TrainerCallback):
         self.warn = warn
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        name = f"checkpoint-{int(state.global_step)}"
+        name = checkpoint_name(int(state.global_step))
         local = Path(args.output_dir) / name
         problem = ""
         try:

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Optional
 
-from finetune_studio.jobs.phases import TERMINAL
+from finetune_studio.jobs.phases import REPEATABLE, RUNNING_ORDER, TERMINAL
 from finetune_studio.ray_train.storage import (
     StorageError,
     Store,
@@ -44,14 +44,13 @@ from finetune_studio.ray_train.storage import (
 from finetune_studio.schemas import Phase, TrainingStartRequest
 from finetune_studio.training.channel import Channel, StopSignal, open_child_wire
 from finetune_studio.uris import is_uri, join, redacted
-from finetune_studio.wire import CHILD_ENV, JobFolder, WorkerSpec
+from finetune_studio.wire import CHILD_ENV, JobFolder, WorkerSpec, checkpoint_step
 
 # How long one pull on the sink waits for a line: the longest a stop waits to be passed on.
 PULL_SECONDS = 0.25
-# The order of the running phases: a restarted run's early phases are not said again.
-ORDER: tuple[Phase, ...] = ("idle", "loading_model", "loading_dataset", "configuring", "training")
-# Phases the job may be told again with new words (jobs/phases.py).
-REPEATABLE: frozenset[str] = frozenset({"loading_model", "training"})
+# The order of the phases before the end (jobs/phases.py): a restarted run's early phases
+# are not said again, but for those the job may be told again with new words (REPEATABLE).
+ORDER: tuple[Phase, ...] = ("idle", *RUNNING_ORDER)
 # Why a worker actor died, when it was lost rather than ended by Ray Train (which ends
 # the others with RAY_KILL once one is gone): ActorDiedErrorContext.Reason's names.
 LOST_REASONS = frozenset({"WORKER_DIED", "NODE_DIED"})
@@ -170,7 +169,7 @@ class Mirror:
         self.problems: list[str] = []
 
     def checkpoint(self, name: str) -> None:
-        if re.fullmatch(r"checkpoint-\d+", name):
+        if checkpoint_step(name) is not None:
             self._pending.append(self._pool.submit(self._copy, name))
 
     def _copy(self, name: str) -> None:

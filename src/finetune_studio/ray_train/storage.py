@@ -35,6 +35,7 @@ from typing import Any, Optional
 
 from finetune_studio.atomic import save_atomically, write_atomically
 from finetune_studio.uris import join, redacted
+from finetune_studio.wire import checkpoint_step
 
 # The marker of a complete folder (written last, never copied down).
 STORED = ".finetune-studio-stored"
@@ -94,9 +95,9 @@ class Store:
         steps = set()
         for name in self.files(f"jobs/{job_id}/checkpoints"):
             folder, _, rest = name.partition("/")
-            step = folder.removeprefix("checkpoint-")
-            if rest == STORED and step.isdigit():
-                steps.add(int(step))
+            step = checkpoint_step(folder)
+            if rest == STORED and step is not None:
+                steps.add(step)
         return sorted(steps)
 
     def get_tree(self, rel: str, dest: Path, replace: bool = True) -> Path:

@@ -44,7 +44,7 @@ from finetune_studio.ray_train.storage import (
 )
 from finetune_studio.training.channel import Channel, JobFailure, StopRequested, StopSignal
 from finetune_studio.training.child import classify
-from finetune_studio.wire import WorkerSpec, last_checkpoint
+from finetune_studio.wire import WorkerSpec, checkpoint_name, last_checkpoint
 
 
 class SinkStream(io.TextIOBase):
@@ -191,7 +191,7 @@ class Scratch:
         stored = store.stored_checkpoints(job_id) if attempt > 1 else []
         if stored:
             # Ray Train started the workers again after losing one: go on from the job's last stored checkpoint.
-            get_checkpoint(store, job_id, f"checkpoint-{stored[-1]}", folder)
+            get_checkpoint(store, job_id, checkpoint_name(stored[-1]), folder)
             request["resume_from_checkpoint"] = str(folder)
         spec = WorkerSpec(job_id=job_id, output_dir=folder, request=request, warnings=server_spec.warnings)
         paths = PathMap([(str(folder), str(server_spec.output_dir)), *((copy, text) for text, copy in local.items())])

@@ -24,6 +24,11 @@ An export that ends any way but `completed` leaves no file behind: whatever its
 child had not removed itself (a child killed mid-write) is removed here
 (`recovery.remove_export_files`), so a half-written file is never served.
 
+A GGUF export admitted while llama.cpp was being built in the background
+(`llama_build.py`; the route marks its request) is not started, and holds no slot,
+until the tools are there: it stays `idle`, saying how far the build is, and ends
+`error` with `export_tools_missing` if the build ends without them (`_tools_ready`).
+
 Restart: on start-up, `recovery.recover_jobs` ends every job that was running when
 the server went away (see there). Queued jobs stay queued and run in turn.
 

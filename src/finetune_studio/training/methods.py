@@ -30,13 +30,14 @@ import random
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Optional
 
+from finetune_studio.schemas import DEFAULT_BETA
+
 if TYPE_CHECKING:  # the recipe imports this module only once the model is loaded
     from finetune_studio.schemas import TrainingStartRequest
     from finetune_studio.training.datasets import LoadedData
 
 Warn = Callable[[str], None]
 
-DEFAULT_BETA = {"dpo": 0.1, "orpo": 0.1, "kto": 0.1, "grpo": 0.0}
 DEFAULT_NUM_GENERATIONS = 4
 DEFAULT_MAX_COMPLETION_LENGTH = 256
 

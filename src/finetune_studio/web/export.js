@@ -9,7 +9,9 @@
 // put in the page as text, never as markup.
 
 import { api, ApiError, authHeaders } from "./api.js";
-import { errorHeadline, phaseLabel, TERMINAL } from "./format.js";
+import { el } from "./dom.js";
+import { bytes, errorHeadline, phaseLabel, TERMINAL } from "./format.js";
+import { renderScheduler } from "./schedule.js";
 import { JobStream } from "./sse.js";
 
 const FORMATS = [
@@ -24,32 +26,8 @@ const STAGES = ["merging", "converting", "quantizing"];
 const STAGE_LABELS = { merging: "Merging", converting: "Converting", quantizing: "Quantizing" };
 const EXPORT_PHASE_LABELS = { merging: "Merging", converting: "Converting", quantizing: "Quantizing" };
 
-/** 1536 -> "1.5 KB": a file's size as people read it. */
-export function fileSize(bytes) {
-  if (bytes == null || !Number.isFinite(bytes)) return "–";
-  const units = ["B", "KB", "MB", "GB", "TB"];
-  let value = bytes;
-  let unit = 0;
-  while (value >= 1000 && unit < units.length - 1) {
-    value /= 1000;
-    unit += 1;
-  }
-  return unit === 0 ? `${value} B` : `${value.toFixed(value < 10 ? 2 : 1)} ${units[unit]}`;
-}
-
 function exportPhaseLabel(phase) {
   return EXPORT_PHASE_LABELS[phase] ?? phaseLabel(phase);
-}
-
-function el(tag, attributes = {}, ...children) {
-  const node = document.createElement(tag);
-  for (const [name, value] of Object.entries(attributes)) {
-    if (value === false || value == null) continue;
-    if (name === "text") node.textContent = value;
-    else node.setAttribute(name, value === true ? "" : String(value));
-  }
-  for (const child of children) if (child != null) node.append(child);
-  return node;
 }
 
 function downloadPath(exportId, name) {
@@ -74,7 +52,7 @@ export class ExportPanel {
     this.hasAdapter = true;
     this.exports = new Map(); // export id -> { status, stages: {stage: progress}, percent, stream }
     this.loaded = null; // the job whose exports were loaded
-    this.pending = false;
+    this.schedule = renderScheduler(() => this.draw()); // draw() at most once a frame
     this.error = null; // { headline, lines } of a refused start
     this.busy = false;
     this.root = this.build();
@@ -246,15 +224,6 @@ export class ExportPanel {
     }
   }
 
-  schedule() {
-    if (this.pending) return;
-    this.pending = true;
-    requestAnimationFrame(() => {
-      this.pending = false;
-      this.draw();
-    });
-  }
-
   draw() {
     this.startButton.disabled = this.busy;
     this.startButton.textContent = this.busy ? "Starting…" : "Export";
@@ -325,7 +294,7 @@ export class ExportPanel {
         });
       });
       list.append(el("li", { "data-testid": "export-file", "data-name": file.name },
-        link, el("span", { class: "muted", "data-testid": "export-file-size", text: ` ${fileSize(file.bytes)}` })));
+        link, el("span", { class: "muted", "data-testid": "export-file-size", text: ` ${bytes(file.bytes)}` })));
     }
     node.append(list);
     if (files.some((file) => file.name === "Modelfile")) {

@@ -8,7 +8,7 @@
 
 import { api, ApiError } from "./api.js";
 import { BY_NAME, buildAdvanced, fieldLabel, fieldNamedIn, formatValue, inWords, parseValue } from "./fields.js";
-import { shortExp } from "./format.js";
+import { bytes, shortExp } from "./format.js";
 
 const REMEMBERED = ["model_name", "local_datasets", "format_type", "training_type"];
 const MEMORY_KEY = "finetune-studio.form";
@@ -67,10 +67,6 @@ function remembered() {
   } catch {
     return {};
   }
-}
-
-function gigabytes(bytes) {
-  return bytes ? `${(bytes / 1e9).toFixed(1)} GB memory` : "";
 }
 
 export class StartForm {
@@ -168,7 +164,8 @@ export class StartForm {
       return;
     }
     const gpu = s.cuda ? `${s.gpus.length || 1} CUDA GPU${s.gpus.length > 1 ? "s" : ""} (${s.torch_cuda})` : "no CUDA GPU";
-    const parts = [`${s.cpu_count} CPU${s.cpu_count === 1 ? "" : "s"}`, gigabytes(s.memory_bytes), gpu].filter(Boolean);
+    const memory = s.memory_bytes ? `${bytes(s.memory_bytes)} memory` : "";
+    const parts = [`${s.cpu_count} CPU${s.cpu_count === 1 ? "" : "s"}`, memory, gpu].filter(Boolean);
     let text = `This server: ${parts.join(", ")}.`;
     if (!s.recommended.load_in_4bit) {
       text += s.cuda

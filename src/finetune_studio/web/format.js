@@ -1,4 +1,4 @@
-// Words and numbers for people: phase names, durations, metrics, error codes.
+// Words and numbers for people: phase names, durations, metrics, sizes, error codes.
 
 export const PHASES = ["idle", "loading_model", "loading_dataset", "configuring", "training"];
 export const TERMINAL = new Set(["completed", "error", "stopped"]);
@@ -80,6 +80,33 @@ export function integer(value) {
 export function percent(value) {
   if (value == null || !Number.isFinite(value)) return "–";
   return `${value.toFixed(1)}%`;
+}
+
+// Decimal units, as disks and the server's sizes count them (1 kB = 1000 bytes).
+const BYTE_UNITS = ["byte", "kilobyte", "megabyte", "gigabyte", "terabyte", "petabyte"];
+const BYTE_FORMATS = BYTE_UNITS.map(
+  (unit) =>
+    new Intl.NumberFormat("en-US", {
+      style: "unit",
+      unit,
+      // "512 bytes", then the short names: "1.5 kB", "734 MB", "5.37 GB".
+      unitDisplay: unit === "byte" ? "long" : "short",
+      maximumSignificantDigits: 3,
+    }),
+);
+
+/**
+ * A size in bytes as people read it, in the largest unit under its value and three
+ * significant digits: 512 -> "512 bytes", 1536 -> "1.54 kB", 734003200 -> "734 MB",
+ * 5368709120 -> "5.37 GB"; "–" when unknown.
+ */
+export function bytes(value) {
+  if (value == null || !Number.isFinite(value)) return "–";
+  let unit = 0;
+  // Step up while the value would read 1,000 or more in this unit (999,999 bytes is "1 MB", not "1,000 kB").
+  while (unit < BYTE_UNITS.length - 1 && Number((Math.abs(value) / 1000 ** unit).toPrecision(3)) >= 1000) unit += 1;
+  const scaled = unit === 0 ? Math.round(value) : value / 1000 ** unit;
+  return BYTE_FORMATS[unit].format(scaled);
 }
 
 /**

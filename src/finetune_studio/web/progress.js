@@ -4,13 +4,6 @@
 
 import * as fmt from "./format.js";
 
-/** Bytes as "512 MB" or "1.25 GB"; "–" when unknown. */
-function size(bytes) {
-  if (bytes == null || !Number.isFinite(bytes)) return "–";
-  if (bytes >= 1e9) return `${(bytes / 1e9).toFixed(2)} GB`;
-  return `${Math.round(bytes / 1e6)} MB`;
-}
-
 export class ProgressTiles {
   constructor(root) {
     this.root = root;
@@ -47,7 +40,7 @@ export class ProgressTiles {
     set("#s-tokens", p && p.num_tokens != null ? fmt.integer(p.num_tokens) : "–");
     set("#s-tps", p && p.tokens_per_second != null ? fmt.integer(p.tokens_per_second) : "–");
     set("#s-accuracy", p && p.mean_token_accuracy != null ? fmt.percent(100 * p.mean_token_accuracy) : "–");
-    set("#s-memory", size(p ? p.memory_bytes : null));
-    set("#s-gpu-memory", size(p ? p.gpu_memory_bytes : null));
+    set("#s-memory", fmt.bytes(p ? p.memory_bytes : null));
+    set("#s-gpu-memory", fmt.bytes(p ? p.gpu_memory_bytes : null));
   }
 }

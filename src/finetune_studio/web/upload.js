@@ -5,22 +5,11 @@
 // /datasets/inspect, where the server has it).
 
 import { api, ApiError } from "./api.js";
+import { el } from "./dom.js";
 import { inWords } from "./fields.js";
+import { bytes } from "./format.js";
 
 const PURPOSE = "studio";
-
-function element(tag, text = "", className = "") {
-  const el = document.createElement(tag);
-  if (text) el.textContent = text;
-  if (className) el.className = className;
-  return el;
-}
-
-function size(bytes) {
-  if (bytes >= 1e6) return `${(bytes / 1e6).toFixed(1)} MB`;
-  if (bytes >= 1e3) return `${(bytes / 1e3).toFixed(1)} kB`;
-  return `${bytes} bytes`;
-}
 
 /** What a training request names for a stored file: its path on the server where the store says it, else its id. */
 export function datasetName(file) {
@@ -71,7 +60,7 @@ export class Uploads {
   async upload(files) {
     if (!files.length) return;
     for (const file of files) {
-      this.say(`Uploading ${file.name} (${size(file.size)})…`);
+      this.say(`Uploading ${file.name} (${bytes(file.size)})…`);
       const body = new FormData();
       body.append("purpose", PURPOSE);
       body.append("file", file, file.name);
@@ -79,7 +68,7 @@ export class Uploads {
         const stored = await api("v1/files", { method: "POST", body });
         this.files = [stored, ...this.files.filter((known) => known.id !== stored.id)];
         this.use(stored);
-        this.say(`Uploaded ${stored.filename} (${size(stored.bytes)}), checked and stored on the server.`);
+        this.say(`Uploaded ${stored.filename} (${bytes(stored.bytes)}), checked and stored on the server.`);
       } catch (error) {
         const text = error instanceof ApiError ? error.lines.join(" ") : String(error.message || error);
         const why = error instanceof ApiError && error.status === 404 ? "this server has no file store (/v1/files)" : text;
@@ -103,19 +92,14 @@ export class Uploads {
   renderList() {
     this.listBox.hidden = this.files.length === 0;
     this.form.querySelector("#uploads-count").textContent = String(this.files.length);
-    const items = this.files.map((file) => {
-      const li = element("li");
-      li.dataset.fileId = file.id;
-      const name = element("span", file.filename, "upload-name");
-      name.title = `${file.filename} · ${file.id}`;
-      const use = element("button", "Use", "btn btn-small");
-      use.type = "button";
-      use.dataset.testid = "upload-use";
-      use.setAttribute("aria-label", `Use ${file.filename}`);
-      use.addEventListener("click", () => this.use(file));
-      li.append(name, element("span", size(file.bytes), "muted"), use);
-      return li;
-    });
+    const items = this.files.map((file) =>
+      el("li", { "data-file-id": file.id },
+        el("span", { class: "upload-name", title: `${file.filename} · ${file.id}` }, file.filename),
+        el("span", { class: "muted" }, bytes(file.bytes)),
+        el("button", {
+          type: "button", class: "btn btn-small", "data-testid": "upload-use", "aria-label": `Use ${file.filename}`,
+          onclick: () => this.use(file),
+        }, "Use")));
     this.list.replaceChildren(...items);
   }
 }

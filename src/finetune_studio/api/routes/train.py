@@ -19,7 +19,7 @@ from finetune_studio.api.job_stream import (
     status_answer,
     stream_responses,
 )
-from finetune_studio.errors import JobNotFinished, StudioError
+from finetune_studio.errors import JobNotFinished, StorageFailed
 from finetune_studio.jobs.phases import is_terminal
 from finetune_studio.jobs.store import JobRecord
 from finetune_studio.schemas import (
@@ -194,8 +194,12 @@ async def delete_job(job_id: str, studio: StudioDep) -> Response:
     # The chat child may hold this job's adapter: it lets go of its models (a later chat loads them again).
     await studio.inference.unload()
     problems = await asyncio.to_thread(studio.service.remove_folders, folders)
-    if problems:
-        raise StudioError(f"job {job_id} was deleted, but some of its files could not be removed: {'; '.join(problems)}")
+    if problems:  # the rows are gone; the files that stay say why (a read-only file system, say): 503, not a bug
+        raise StorageFailed(
+            "storage_unavailable",
+            f"job {job_id} was deleted, but some of its files could not be removed: {'; '.join(problems)}."
+            " Remove them by hand once the file system takes writes again",
+        )
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 

@@ -1,0 +1,52 @@
+// The page's one way to make elements: el(tag, props, ...children).
+//
+//   el("li", "a warning")                                  text as a child
+//   el("code", { class: "error-code", "data-testid": "error-code" }, code)
+//   el("button", { type: "button", class: "btn", onclick: () => stop() }, "Stop")
+//   el("pre", { style: { whiteSpace: "pre-wrap" } }, text)
+//
+// props (optional; a string, a node or a list in its place is the first child):
+//   class        the class names (a falsy one: none)
+//   style        {property: value}: set through element.style (the CSSOM), never a style
+//                attribute, so a Content-Security-Policy without 'unsafe-inline' allows it
+//   onNAME       a function: addEventListener("NAME", function), e.g. onclick, onsubmit
+//   any other    an attribute: true -> present (""), false/null/undefined -> left out,
+//                else its String(); e.g. id, type, title, role, for, "aria-label", "data-testid"
+// children: nodes; strings and numbers become text nodes (never parsed as markup:
+// what the server or a model says is always text); null, undefined, false and ""
+// are skipped; lists are flattened.
+
+/** A new element `tag` with `props` and `children` (see above). */
+export function el(tag, props, ...children) {
+  const node = document.createElement(tag);
+  if (isChild(props)) children.unshift(props);
+  else if (props) setProps(node, props);
+  append(node, children);
+  return node;
+}
+
+function isChild(value) {
+  return typeof value === "string" || typeof value === "number" || value instanceof Node || Array.isArray(value);
+}
+
+function setProps(node, props) {
+  for (const [name, value] of Object.entries(props)) {
+    if (name === "class") {
+      if (value) node.className = value;
+    } else if (name === "style") {
+      Object.assign(node.style, value);
+    } else if (name.startsWith("on") && typeof value === "function") {
+      node.addEventListener(name.slice(2).toLowerCase(), value);
+    } else if (value !== false && value != null) {
+      node.setAttribute(name, value === true ? "" : String(value));
+    }
+  }
+}
+
+function append(node, children) {
+  for (const child of children) {
+    if (child == null || child === false || child === "") continue;
+    if (Array.isArray(child)) append(node, child);
+    else node.append(child instanceof Node ? child : String(child));
+  }
+}
