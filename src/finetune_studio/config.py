@@ -16,6 +16,8 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from finetune_studio.errors import UnsafeSettings
+from finetune_studio.hardware import Precision
+from finetune_studio.wire import DataDir
 
 MiB = 1024 * 1024
 # Jobs handed to a Ray cluster at once when max_concurrent_jobs is not set (see the validator).
@@ -105,6 +107,16 @@ class Settings(BaseSettings):
     )
     max_loaded_models: int = Field(
         default=1, ge=1, description="Base models the chat child keeps loaded at once (each with all its adapters)."
+    )
+    inference_precision: Precision = Field(
+        default="auto",
+        description="The dtype the chat child answers in with transformers: auto (bf16 where it is native: a GPU with"
+        " bf16, a CPU with AMX or AVX512-BF16; else fp32), bf16 or fp32.",
+    )
+    max_batch_size: int = Field(
+        default=16, ge=1,
+        description="Chat answers the chat child decodes at once, in one batch per base model; more requests wait their"
+        " turn, in order (each running answer holds its KV cache in memory).",
     )
     unload_chat_for_training: bool = Field(
         default=True, description="When a training job starts, the chat child unloads its models to free the memory."
@@ -199,27 +211,28 @@ class Settings(BaseSettings):
     def _names_are_host_names(cls, names: list[str]) -> list[str]:
         return [server_name(name) for name in names]
 
+    # The data directory's layout is wire.DataDir's.
     @property
     def db_path(self) -> Path:
-        return self.data_dir / "studio.db"
+        return DataDir(self.data_dir).db
 
     @property
     def jobs_dir(self) -> Path:
-        return self.data_dir / "jobs"
+        return DataDir(self.data_dir).jobs
 
     @property
     def files_dir(self) -> Path:
         """The file store's files (finetune_studio/files/)."""
-        return self.data_dir / "files"
+        return DataDir(self.data_dir).files
 
     @property
     def ray_storage(self) -> str:
         """Ray Train's storage_path for the runs of this server."""
-        return self.ray_storage_path or str(self.data_dir / "ray")
+        return self.ray_storage_path or str(DataDir(self.data_dir).ray)
 
     @property
     def exports_dir(self) -> Path:
-        return self.data_dir / "exports"
+        return DataDir(self.data_dir).exports
 
     @property
     def url(self) -> str:

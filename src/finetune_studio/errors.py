@@ -12,7 +12,7 @@
     +-- InspectionBusy               (429) as many dataset inspections running as the server allows
     +-- InspectionFailed             (503) a dataset inspection's process died or ran out of time
     +-- StorageFailed                (507 disk full, 503 otherwise) a write of the server's own failed
-    +-- ChatError                    (OpenAI's error shape, under /v1/)
+    +-- OpenAIError                  (OpenAI's error shape, under /v1/: chat, files, fine-tuning jobs)
     |   +-- ModelNotFound            (404) no model, or a job with nothing to serve yet
     |   +-- InvalidChatRequest       (400) a bad parameter, named by `param`
     |   +-- InferenceUnavailable     (503) the inference process died or could not start
@@ -116,8 +116,9 @@ class DataDirInUse(StudioError):
     would kill each other's children and run the same queued jobs twice."""
 
 
-class ChatError(StudioError):
-    """An error of the OpenAI-compatible routes: answered as `{"error": {message, type, param, code}}`."""
+class OpenAIError(StudioError):
+    """An error of the OpenAI-compatible routes (chat, files, fine-tuning jobs): answered as
+    `{"error": {message, type, param, code}}`."""
 
     error_type = "server_error"
     code: str = "internal_error"
@@ -129,7 +130,7 @@ class ChatError(StudioError):
             self.code = code
 
 
-class ModelNotFound(ChatError):
+class ModelNotFound(OpenAIError):
     status_code = 404
     error_type = "invalid_request_error"
     code = "model_not_found"
@@ -138,13 +139,13 @@ class ModelNotFound(ChatError):
         super().__init__(message, param="model")
 
 
-class InvalidChatRequest(ChatError):
+class InvalidChatRequest(OpenAIError):
     status_code = 400
     error_type = "invalid_request_error"
     code = "invalid_request_error"
 
 
-class InferenceUnavailable(ChatError):
+class InferenceUnavailable(OpenAIError):
     status_code = 503
     code = "inference_unavailable"
 
@@ -171,7 +172,7 @@ class FileTooLarge(InvalidFile):
         )
 
 
-class FileNotFound(ChatError):
+class FileNotFound(OpenAIError):
     status_code = 404
     error_type = "invalid_request_error"
     code = "file_not_found"
@@ -180,7 +181,7 @@ class FileNotFound(ChatError):
         super().__init__(message, param=param)
 
 
-class NotPausable(ChatError):
+class NotPausable(OpenAIError):
     """Pause of a job that is not queued or running, or resume of one that is not paused."""
 
     status_code = 409

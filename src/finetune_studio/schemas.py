@@ -23,6 +23,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from finetune_studio.hardware import Precision
 from finetune_studio.text import refuse_invalid_text
 
 Phase = Literal[
@@ -308,6 +309,12 @@ class TrainingStartRequest(BaseModel):
     tensorboard_dir: Optional[PathText] = None
     resume_from_checkpoint: Optional[PathText] = None
     gpu_ids: Optional[list[int]] = None
+    precision: Precision = Field(
+        default="auto",
+        description='Extension. The dtype the job computes in: "auto" (bf16 autocast where bf16 is native: a GPU'
+        ' with bf16, a CPU with AMX or AVX512-BF16; fp32 elsewhere), "bf16" or "fp32" (forced). With LoRA in bf16'
+        " the frozen base weights are held in bf16 and the adapter's in fp32; details.precision says what ran and why.",
+    )
 
     # training methods (docs/API.md, Training methods)
     training_method: TrainingMethod = Field(
@@ -500,6 +507,11 @@ class TrainingProgress(BaseModel):
         default=None,
         description="Tokens trained per second over the latest 10 steps (fewer at the start): a recent rate,"
         " not an average since the start.",
+    )
+    mfu: Optional[float] = Field(
+        default=None,
+        description="Model FLOPs utilization: the model's FLOPs per token times tokens_per_second, over the device's"
+        " peak in the dtype the job computes in (measured once per machine by a short matmul probe); 0 to 1.",
     )
     mean_token_accuracy: Optional[float] = Field(
         default=None, description="The share (0 to 1) of the step's target tokens the model predicted right, as TRL logs it."

@@ -37,6 +37,8 @@ CHECKPOINT_PREFIX = "checkpoint-"
 # The one setting of the server's that its children read too: where llama.cpp's tools are
 # (export/tools.py); every other FINETUNE_STUDIO_* variable stays with the server.
 TOOLS_ENV = "FINETUNE_STUDIO_LLAMA_CPP_TOOLS"
+# How to install llama.cpp's Python binding (GGUF export and chat), for every message that says so.
+GGUF_INSTALL = "pip install 'finetune-studio[gguf]'"
 CHILD_ENV = {"PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_DISABLE_TELEMETRY": "1"}
 # The longest message line the server reads from a child; a child keeps its
 # messages far below it (bounded warnings and excerpts).
@@ -97,6 +99,46 @@ class WorkerSpec:
             request=dict(payload["request"]),
             warnings=[str(w) for w in payload.get("warnings", [])],
         )
+
+
+@dataclass(frozen=True)
+class DataDir:
+    """The layout of the data directory (docs/SETTINGS.md, `data_dir`); the settings, the
+    job service and the CLI agree on it here."""
+
+    root: Path
+
+    @classmethod
+    def of_jobs(cls, jobs_dir: Path) -> DataDir:
+        """The data directory whose jobs folder is `jobs_dir`."""
+        return cls(jobs_dir.parent)
+
+    @property
+    def db(self) -> Path:
+        return self.root / "studio.db"
+
+    @property
+    def jobs(self) -> Path:
+        """Each training job's folder (`JobFolder`), by its id."""
+        return self.root / "jobs"
+
+    @property
+    def files(self) -> Path:
+        """The file store's files (finetune_studio/files/)."""
+        return self.root / "files"
+
+    @property
+    def exports(self) -> Path:
+        """Each export's files, in a folder named by its id."""
+        return self.root / "exports"
+
+    @property
+    def ray(self) -> Path:
+        """Ray Train's storage_path when the settings name none."""
+        return self.root / "ray"
+
+    def job(self, job_id: str) -> Path:
+        return self.jobs / job_id
 
 
 @dataclass(frozen=True)
@@ -190,15 +232,19 @@ def last_checkpoint(folder: Path) -> Optional[Path]:
 # chat request; the server multiplexes requests over its pipes by `id`.
 #
 # stdin, one JSON object per line:
-#   GenerateCommand   start a completion (the child schedules all active ones fairly)
+#   GenerateCommand   start a completion (the child decodes all running ones together, one
+#                     batched forward pass per step; beyond --max-batch-size they wait, in order)
 #   {"type": "cancel", "id": ...}   the client went away: stop generating it (nothing more
 #                                   is sent for it; an unknown or finished id is ignored)
 #   {"type": "unload"}              free every loaded model (training needs the memory); one
 #                                   still answering goes as soon as its answers end
 # stdout, one JSON object per line:
 #   {"type": "ready"}                                   once, when it takes commands
-#   {"type": "started", "id", "prompt_tokens"}          the prompt was read
-#   {"type": "delta", "id", "text"}                     new text (may be "")
+#   {"type": "started", "id", "prompt_tokens"}          the prompt was read (with "prompt_logprobs",
+#                                                       a TokenLogprob per prompt token, when asked)
+#   {"type": "delta", "id", "text"}                     new text (may be ""); with "logprobs", a
+#                                                       TokenLogprob per token chosen since the last
+#                                                       delta, when asked
 #   {"type": "done", "id", "finish_reason", "usage"}    finish_reason "stop" | "length"
 #   {"type": "failed", "id", "code", "message", "param"} the request cannot be served
 # EOF on stdin: the server is gone; the child exits.
@@ -228,12 +274,47 @@ class ModelRef(_ModelRefFields, total=False):
     backend: InferenceBackend
 
 
-class SamplingParams(TypedDict):
+class _SamplingFields(TypedDict):
     temperature: float  # 0: greedy
     top_p: float
     max_tokens: Optional[int]  # None: up to the context length
     stop: list[str]
     seed: Optional[int]
+
+
+# The most alternatives a TokenLogprob lists (`top_logprobs`).
+MAX_TOP_LOGPROBS = 5
+
+
+class SamplingParams(_SamplingFields, total=False):
+    """How to choose the tokens of an answer, and what to say about them. The optional
+    fields (absent: false, 0) ask for log-probabilities, of the model's own distribution
+    (the raw logits, before temperature and top_p): `logprobs`, each chosen token's, on
+    the `delta` that carries it; `top_logprobs` (0 to MAX_TOP_LOGPROBS, with `logprobs`),
+    that many most likely alternatives beside each; `prompt_logprobs`, each prompt
+    token's, on `started` (what /v1/completions' `echo` needs)."""
+
+    logprobs: bool
+    top_logprobs: int
+    prompt_logprobs: bool
+
+
+class TopLogprob(TypedDict):
+    id: int
+    token: str  # the token's bytes as text (U+FFFD for a part of a character)
+    bytes: list[int]  # its UTF-8 bytes, as OpenAI gives them
+    logprob: float
+
+
+class TokenLogprob(TypedDict):
+    """One token of an answer (or of a prompt, whose first token has `logprob` None: nothing
+    comes before it) and its most likely alternatives, best first."""
+
+    id: int
+    token: str
+    bytes: list[int]
+    logprob: Optional[float]
+    top_logprobs: list[TopLogprob]
 
 
 class GenerateCommand(TypedDict):

@@ -67,7 +67,7 @@ def test_export_a_job_to_gguf_follow_its_stages_and_download_the_files(
     names = page.eval_on_selector_all("[data-testid=export-file]", "rows => rows.map((r) => r.dataset.name)")
     assert names == ["model-q4_k_m.gguf", "model-q8_0.gguf", "Modelfile"]
     sizes = item.get_by_test_id("export-file-size").all_inner_texts()
-    assert sizes[0].strip() == "65.5 KB"  # 16 chunks of 4096 bytes
+    assert sizes[0].strip() == "65.5 kB"  # 16 chunks of 4096 bytes (format.js bytes: decimal units)
 
     with page.expect_download() as download:
         item.locator("[data-name='model-q8_0.gguf'] a").click()

@@ -16,8 +16,9 @@ from fastapi.routing import APIRoute
 from fastapi.testclient import TestClient
 
 from finetune_studio.api import auth
-from finetune_studio.api.app import API_PREFIXES, API_ROUTERS, OPENAI_PREFIX, create_app
+from finetune_studio.api.app import API_PREFIXES, API_ROUTERS, create_app
 from finetune_studio.api.auth import under_prefixes
+from finetune_studio.api.openai_errors import OPENAI_PREFIX
 from finetune_studio.config import Settings
 from finetune_studio.errors import UnsafeSettings
 from tests.reliability.conftest import InstantLauncher, dataset, start_body

@@ -34,7 +34,8 @@ def loaded_by(names: list[str], watched: tuple[str, ...]) -> list[str]:
 
 SERVER_SIDE = modules("jobs", "api", "supervisor", "cli") + ["finetune_studio.wire", "finetune_studio.atomic", "finetune_studio.paths",
                                                           "finetune_studio.schemas", "finetune_studio.config",
-                                                          "finetune_studio.openai_wire"]
+                                                          "finetune_studio.openai_wire", "finetune_studio.conversations",
+                                                          "finetune_studio.cuda_features"]
 
 
 def test_server_side_modules_import_nothing_heavy() -> None:

@@ -55,7 +55,6 @@ API_ROUTERS = (
     train.router, chat.router, system.router, export.router, datasets.router, files.router, fine_tuning.router
 )
 API_PREFIXES = tuple(router.prefix + "/" for router in API_ROUTERS)
-OPENAI_PREFIX = chat.router.prefix + "/"  # its errors come in OpenAI's shape
 log = logging.getLogger("finetune_studio")
 # What a multipart upload's body may hold beyond its file: the boundaries, the part
 # headers and the `purpose` field.
@@ -137,23 +136,21 @@ def create_app(
         lifespan=lifespan,
     )
     if settings.token is not None:
-        app.add_middleware(
-            TokenGuard, token=settings.token.get_secret_value(), prefixes=API_PREFIXES, openai_prefixes=(OPENAI_PREFIX,)
-        )
+        app.add_middleware(TokenGuard, token=settings.token.get_secret_value(), prefixes=API_PREFIXES)
     # Added after the token guard, so it runs before it: an over-long declared body is refused unread.
     # An upload's body is a file (and its form): it has a limit of its own.
     upload_limit = settings.max_file_bytes + UPLOAD_FORM_BYTES
     app.add_middleware(
         DeclaredBodyLimit,
         max_bytes=settings.max_request_bytes,
-        openai_prefixes=(OPENAI_PREFIX,),
         uploads=(files.router.prefix, upload_limit, settings.max_file_bytes),
     )
     # Before the limits and the token, on every path: a page of another site may change
     # nothing (api/origin.py), and on loopback none may rebind its name to this server.
-    app.add_middleware(CrossSiteGuard, openai_prefixes=(OPENAI_PREFIX,))
+    # Each of these answers in OpenAI's shape where the handlers below do (openai_errors.is_openai_path).
+    app.add_middleware(CrossSiteGuard)
     if settings.is_loopback():
-        app.add_middleware(LoopbackHostGuard, server_names=settings.server_names, openai_prefixes=(OPENAI_PREFIX,))
+        app.add_middleware(LoopbackHostGuard, server_names=settings.server_names)
     app.include_router(health.router)
     for router in API_ROUTERS:
         app.include_router(router, max_body_size=upload_limit if router is files.router else settings.max_request_bytes)
@@ -162,7 +159,7 @@ def create_app(
 
     @app.exception_handler(StudioError)
     async def studio_error(request: Request, exc: StudioError) -> JSONResponse:
-        if request.url.path.startswith(OPENAI_PREFIX):
+        if openai_errors.is_openai_path(request.url.path):
             return openai_errors.studio_error(exc)
         # A message may quote a file name or a request's text: it must encode whatever they hold.
         text = clean_text(str(exc))
@@ -186,12 +183,12 @@ def create_app(
         if exc.status_code == 413 and request.url.path.startswith(files.router.prefix):
             return JSONResponse(too_large_upload(settings.max_file_bytes), status_code=413)
         if exc.status_code == 413:  # a body without Content-Length that grew past the limit
-            body = too_large_body(settings.max_request_bytes, openai=request.url.path.startswith(OPENAI_PREFIX))
+            body = too_large_body(settings.max_request_bytes, request.url.path)
             return JSONResponse(body, status_code=413)
         unspooled = spool_failure(exc)
         if unspooled is not None:  # the body was fine, the disk it is spooled to was not
             return await studio_error(request, unspooled)
-        if request.url.path.startswith(OPENAI_PREFIX):
+        if openai_errors.is_openai_path(request.url.path):
             if exc.status_code == 400 and exc.__cause__ is not None:
                 return openai_errors.not_json(str(exc.__cause__))
             return openai_errors.http_error(exc.status_code, exc.detail, request.method, request.url.path, exc.headers)
@@ -204,7 +201,7 @@ def create_app(
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        if request.url.path.startswith(OPENAI_PREFIX):
+        if openai_errors.is_openai_path(request.url.path):
             return openai_errors.validation_error(exc.errors())  # OpenAI's 400, echoing no input
         # FastAPI echoes each wrong input; a request's tokens must never come back.
         return JSONResponse({"detail": jsonable_encoder(scrub_errors(exc.errors()))}, status_code=422)

@@ -6,8 +6,8 @@ comparison, with no per-route dependency to resolve. `/health`, the OpenAPI page
 and the web UI's static files stay open: they hold no job data, and the page must
 load before it can ask its user for the token.
 
-Under the OpenAI-compatible paths (`openai_prefixes`), the 401 comes in OpenAI's
-error shape, which OpenAI's clients turn into their authentication error.
+Under the OpenAI-compatible paths (`openai_errors.is_openai_path`), the 401 comes in
+OpenAI's error shape, which OpenAI's clients turn into their authentication error.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import hmac
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from finetune_studio.api.openai_errors import is_openai_path
 from finetune_studio.openai_wire import error_body
 
 UNAUTHORIZED = "missing or wrong API token: send Authorization: Bearer <FINETUNE_STUDIO_TOKEN>"
@@ -33,15 +34,14 @@ def under_prefixes(path: str, prefixes: tuple[str, ...]) -> bool:
 
 
 class TokenGuard:
-    def __init__(self, app: ASGIApp, token: str, prefixes: tuple[str, ...], openai_prefixes: tuple[str, ...] = ()) -> None:
+    def __init__(self, app: ASGIApp, token: str, prefixes: tuple[str, ...]) -> None:
         self.app = app
         self.expected = token.encode()
-        self.prefixes = prefixes + openai_prefixes  # each ends with "/"
-        self.openai_prefixes = openai_prefixes
+        self.prefixes = prefixes  # each ends with "/"
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and under_prefixes(scope["path"], self.prefixes) and not self._authorized(scope):
-            if scope["path"].startswith(self.openai_prefixes):
+            if is_openai_path(scope["path"]):
                 body = error_body(OPENAI_UNAUTHORIZED, "invalid_request_error", code="invalid_api_key")
             else:
                 body = {"detail": UNAUTHORIZED}

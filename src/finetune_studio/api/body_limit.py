@@ -18,6 +18,7 @@ from typing import Any, Optional
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from finetune_studio.api.openai_errors import is_openai_path
 from finetune_studio.errors import FileTooLarge
 from finetune_studio.openai_wire import error_body
 
@@ -41,9 +42,9 @@ def too_large_upload(limit: int) -> dict[str, Any]:
     return error_body(str(refused), refused.error_type, refused.param, refused.code)
 
 
-def too_large_body(limit: int, openai: bool) -> dict[str, Any]:
-    """The 413's body: OpenAI's error shape under its paths, FastAPI's elsewhere."""
-    if openai:
+def too_large_body(limit: int, path: str) -> dict[str, Any]:
+    """The 413's body for a request to `path`: OpenAI's error shape under its paths, FastAPI's elsewhere."""
+    if is_openai_path(path):
         return error_body(too_large_message(limit, chat=True), "invalid_request_error", None, "request_too_large")
     return {"detail": too_large_message(limit)}
 
@@ -55,12 +56,10 @@ class DeclaredBodyLimit:
         self,
         app: ASGIApp,
         max_bytes: int,
-        openai_prefixes: tuple[str, ...] = (),
         uploads: Optional[tuple[str, int, int]] = None,
     ) -> None:
         self.app = app
         self.max_bytes = max_bytes
-        self.openai_prefixes = openai_prefixes
         self.uploads = uploads  # (prefix, body limit, file limit)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -72,7 +71,7 @@ class DeclaredBodyLimit:
                 if self.uploads is not None and upload:
                     body = too_large_upload(self.uploads[2])
                 else:
-                    body = too_large_body(self.max_bytes, openai=scope["path"].startswith(self.openai_prefixes))
+                    body = too_large_body(self.max_bytes, scope["path"])
                 response = JSONResponse(body, status_code=413, headers={"Connection": "close"})
                 await response(scope, receive, send)
                 return

@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 from fastapi.responses import JSONResponse
 
-from finetune_studio.errors import ChatError, StorageFailed, StudioError
+from finetune_studio.errors import OpenAIError, StorageFailed, StudioError
 from finetune_studio.openai_wire import error_body
 from finetune_studio.text import clean_text
 
@@ -22,6 +22,16 @@ from finetune_studio.text import clean_text
 _NAMED_ERRORS = 3
 # Where FastAPI says a request's field came from, as the first part of its location.
 _SOURCES = ("body", "query", "header", "path", "cookie")
+
+
+# The OpenAI-compatible routes' paths: chat, files and fine-tuning jobs (api/routes/).
+OPENAI_PREFIX = "/v1/"
+
+
+def is_openai_path(path: str) -> bool:
+    """Whether an error answered for `path` takes OpenAI's shape: the one rule for the app's
+    error handlers, the token guard, the body limit and the Host/Origin guards."""
+    return path.startswith(OPENAI_PREFIX)
 
 
 # Said with every StorageFailed answer: the openai SDK (and others that follow it) retries
@@ -36,7 +46,7 @@ def retry_headers(exc: StudioError) -> Optional[dict[str, str]]:
 
 def studio_error(exc: StudioError) -> JSONResponse:
     text = clean_text(str(exc))
-    if isinstance(exc, ChatError):
+    if isinstance(exc, OpenAIError):
         return JSONResponse(error_body(text, exc.error_type, exc.param, exc.code), status_code=exc.status_code)
     if isinstance(exc, StorageFailed):
         body = error_body(text, "server_error", None, exc.error_code)

@@ -44,13 +44,13 @@ from finetune_studio.openai_wire import (
     JobHyperparameters,
 )
 from finetune_studio.paths import is_local
-from finetune_studio.schemas import OPENAI_JOB, TrainingStartRequest
-from finetune_studio.wire import JobFolder
+from finetune_studio.schemas import DEFAULT_BETA, OPENAI_JOB, TrainingStartRequest
+from finetune_studio.wire import JobFolder, checkpoint_is_complete, checkpoint_name, complete_checkpoints
 
-# The learning rate a multiplier of 1 means: LoRA's usual rate (and the Studio's default).
-BASE_LEARNING_RATE = 2e-4
-# What "auto" means for each hyperparameter.
-AUTO: dict[str, float] = {"n_epochs": 3, "batch_size": 1, "learning_rate_multiplier": 1.0, "beta": 0.1}
+# The learning rate a multiplier of 1 means: the Studio's default (LoRA's usual rate).
+BASE_LEARNING_RATE: float = TrainingStartRequest.model_fields["learning_rate"].default
+# What "auto" means for each hyperparameter (beta: the Studio's default for dpo).
+AUTO: dict[str, float] = {"n_epochs": 3, "batch_size": 1, "learning_rate_multiplier": 1.0, "beta": DEFAULT_BETA["dpo"]}
 _CHECKPOINT_TAIL = re.compile(r"^ckpt-step-([0-9]+)$")
 _EVENT_ID = re.compile(r"^ftevent-([0-9a-f]+)-([0-9]+)$")
 _CHECKPOINT_ID = re.compile(r"^ftckpt-([0-9a-f]+)-([0-9]+)$")
@@ -384,16 +384,8 @@ def step_metrics(progress: dict[str, Any]) -> dict[str, Any]:
 
 def checkpoint_folder(job: JobRecord, step: int) -> Optional[Path]:
     """The job's complete checkpoint of `step`, if it has one."""
-    folder = JobFolder(Path(job.output_dir)).checkpoints / f"checkpoint-{step}"
-    return folder if _trainer_state(folder) is not None else None
-
-
-def _trainer_state(folder: Path) -> Optional[dict[str, Any]]:
-    try:
-        state = json.loads((folder / "trainer_state.json").read_text())
-    except (OSError, ValueError):
-        return None  # not a checkpoint, or one written only in part
-    return state if isinstance(state, dict) else None
+    folder = JobFolder(Path(job.output_dir)).checkpoints / checkpoint_name(step)
+    return folder if checkpoint_is_complete(folder) else None
 
 
 def job_checkpoint_folders(job: JobRecord) -> list[tuple[int, Path]]:
@@ -401,13 +393,10 @@ def job_checkpoint_folders(job: JobRecord) -> list[tuple[int, Path]]:
     created here, one at each epoch's end (the final one included), as OpenAI keeps
     them, and the one a pause (or a cancel) saved mid-epoch; for a /train job, one at
     every save_steps. Each is a chat model (`...:ckpt-step-N`, `checkpoint_folder`):
-    what chat serves is what is listed."""
-    found = []
-    for folder in JobFolder(Path(job.output_dir)).checkpoints.glob("checkpoint-*"):
-        step = cursor_number(folder.name.removeprefix("checkpoint-"))
-        if step is not None and _trainer_state(folder) is not None:
-            found.append((step, folder))
-    return sorted(found, reverse=True)
+    what chat serves is what is listed. A step past SQLite's integers is left out (its
+    progress event is looked up by step)."""
+    found = complete_checkpoints(JobFolder(Path(job.output_dir)).checkpoints)
+    return [(step, folder) for step, folder in found if step <= MAX_SQL_INTEGER]
 
 
 def job_checkpoints(

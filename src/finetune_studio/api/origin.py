@@ -37,6 +37,7 @@ from typing import Any, Optional
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from finetune_studio.api.openai_errors import is_openai_path
 from finetune_studio.openai_wire import error_body
 from finetune_studio.text import clean_text
 
@@ -73,9 +74,9 @@ def _quote(text: str) -> str:
     return repr(text if len(text) <= _QUOTED_CHARS else text[:_QUOTED_CHARS] + "...")
 
 
-def _refusal(scope: Scope, status: int, message: str, code: str, openai_prefixes: tuple[str, ...]) -> JSONResponse:
+def _refusal(scope: Scope, status: int, message: str, code: str) -> JSONResponse:
     body: dict[str, Any]
-    if openai_prefixes and scope["path"].startswith(openai_prefixes):
+    if is_openai_path(scope["path"]):
         body = error_body(message, "invalid_request_error", None, code)
     else:
         body = {"detail": message}
@@ -86,10 +87,9 @@ def _refusal(scope: Scope, status: int, message: str, code: str, openai_prefixes
 class LoopbackHostGuard:
     """On a loopback server: 421 for a request whose Host is not a loopback name or one of `server_names`."""
 
-    def __init__(self, app: ASGIApp, server_names: Iterable[str] = (), openai_prefixes: tuple[str, ...] = ()) -> None:
+    def __init__(self, app: ASGIApp, server_names: Iterable[str] = ()) -> None:
         self.app = app
         self.server_names = frozenset(name.lower() for name in server_names)
-        self.openai_prefixes = openai_prefixes
 
     def accepts(self, host: str) -> bool:
         name = host_name(host)
@@ -107,7 +107,7 @@ class LoopbackHostGuard:
                     " answers. To reach the server under another name (a reverse proxy's, say), the operator lists it"
                     f" in {SERVER_NAMES_SETTING} (names separated by commas)"
                 )
-                response = _refusal(scope, 421, message, "misdirected_request", self.openai_prefixes)
+                response = _refusal(scope, 421, message, "misdirected_request")
                 await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)
@@ -132,9 +132,8 @@ def cross_site_reason(headers: Iterable[tuple[bytes, bytes]]) -> Optional[str]:
 class CrossSiteGuard:
     """403 for a request that may change something (any method but GET, HEAD, OPTIONS) sent by a page of another site."""
 
-    def __init__(self, app: ASGIApp, openai_prefixes: tuple[str, ...] = ()) -> None:
+    def __init__(self, app: ASGIApp) -> None:
         self.app = app
-        self.openai_prefixes = openai_prefixes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and str(scope["method"]).upper() not in SAFE_METHODS:
@@ -145,7 +144,7 @@ class CrossSiteGuard:
                     " site may not start, stop, upload, change or delete anything on this server; use this server's own"
                     " page, or a client that is not a browser (curl, the SDKs and the CLI send no Origin)"
                 )
-                response = _refusal(scope, 403, message, "cross_site_request", self.openai_prefixes)
+                response = _refusal(scope, 403, message, "cross_site_request")
                 await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)

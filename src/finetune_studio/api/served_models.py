@@ -37,6 +37,7 @@ from finetune_studio.api.openai_jobs import (
 )
 from finetune_studio.api.served_exports import export_models, resolve_export
 from finetune_studio.errors import JobNotFound, ModelNotFound
+from finetune_studio.jobs.phases import RESULT_KEYS, has_result
 from finetune_studio.jobs.store import JobRecord, JobStore
 from finetune_studio.openai_wire import Model
 from finetune_studio.schemas import OPENAI_JOB
@@ -110,10 +111,10 @@ def _fine_tuned(store: JobStore, model_id: str, named: ModelName) -> ModelRef:
 
 def _output(job: JobRecord) -> Optional[tuple[str, Path]]:
     """The saved adapter or model of a finished job, when its folder is there."""
-    if job.phase not in ("completed", "stopped"):
-        return None
     details = job.status.get("details") or {}
-    for kind in ("adapter_dir", "model_dir"):
+    if not has_result(job.phase, details):
+        return None
+    for kind in RESULT_KEYS:
         location = details.get(kind)
         if isinstance(location, str) and Path(location).is_dir():
             return kind, Path(location)

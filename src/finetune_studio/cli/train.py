@@ -38,15 +38,13 @@ from finetune_studio.cli.follow import (
 from finetune_studio.cli.local_server import LocalServer
 from finetune_studio.cli.machine import fit_to_machine
 from finetune_studio.cli.progress import make_view
+from finetune_studio.cuda_features import CPU_SETTINGS
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 # Where a started server can be reached: LocalServer binds 127.0.0.1.
 STARTABLE_HOSTS = ("127.0.0.1", "localhost")
 # A busy machine can take a while to import the server; its log says why it did not come up.
 SERVER_START_SECONDS = 60.0
-# What works without CUDA: no 4-bit loading, and torch's own AdamW rather than
-# bitsandbytes' 8-bit one. Sent on CPU so that the job has no fallback warnings.
-CPU_SETTINGS: dict[str, Any] = {"load_in_4bit": False, "optim": "adamw_torch"}
 # flag (argparse dest) -> request field
 FLAG_FIELDS = {
     "max_steps": "max_steps",

@@ -30,7 +30,7 @@ from pathlib import Path, PurePosixPath
 from typing import Optional
 
 from finetune_studio.atomic import save_atomically
-from finetune_studio.wire import TOOLS_ENV  # another tools folder (convert_hf_to_gguf.py, gguf-py/)
+from finetune_studio.wire import GGUF_INSTALL, TOOLS_ENV  # TOOLS_ENV: another tools folder
 
 # The llama-cpp-python release whose llama.cpp both the library and the scripts come from.
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"
@@ -38,7 +38,7 @@ LLAMA_CPP_PYTHON_VERSION = "0.3.36"
 SDIST_CACHE_ENV = "FINETUNE_STUDIO_SDIST_CACHE"
 
 INSTALL_HINT = (
-    "Install llama.cpp's export tools: run `bash scripts/install.sh`, or `pip install 'finetune-studio[gguf]'`"
+    f"Install llama.cpp's export tools: run `bash scripts/install.sh`, or `{GGUF_INSTALL}`"
     " and then `python -m finetune_studio.export.tools --install`."
 )
 

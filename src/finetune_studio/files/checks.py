@@ -26,18 +26,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Optional, get_args
 
+from finetune_studio.conversations import CHAT_ROLES, DATASET_SUFFIXES, OrderProblem, is_text_part, order_problem
 from finetune_studio.errors import InvalidFile
 
 Purpose = Literal["fine-tune", "studio"]
 PURPOSES: tuple[str, ...] = get_args(Purpose)
-# The suffixes the training child's dataset reader takes (training/datasets/files.py).
-STUDIO_SUFFIXES = (".jsonl", ".json", ".csv", ".parquet", ".txt")
+# The suffixes the training child's dataset reader takes (finetune_studio.conversations).
+STUDIO_SUFFIXES = DATASET_SUFFIXES
 # Bad lines named in one refusal; the rest are counted.
 NAMED_PROBLEMS = 5
 # Characters of a line's JSON error or a role quoted back.
 _QUOTE = 60
-
-CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 
 
 @dataclass(frozen=True)
@@ -170,9 +169,7 @@ def _check_chat(row: dict[str, Any]) -> bool:
         if role == "assistant" and message.get("weight", 1) == 1:
             trained += 1
         roles.append(role)
-    _check_order(roles)
-    if roles[-1] != "assistant":
-        raise _RowProblem(f"ends with a {roles[-1]} message (messages[{len(roles) - 1}]); it must end with the assistant's")
+    _check_order(roles, "assistant")
     if not trained:
         raise _RowProblem("has weight 0 on every assistant message, so there is nothing to train on")
     return weighted
@@ -186,11 +183,7 @@ def _check_preference(row: dict[str, Any]) -> bool:
     if not isinstance(messages, list) or not messages:
         raise _RowProblem(f"input.messages must be a non-empty list of messages, found {_kind(messages)}")
     roles = [_message(message, f"input.messages[{index}]") for index, message in enumerate(messages)]
-    _check_order(roles, "input.messages")
-    if roles[-1] != "user":
-        raise _RowProblem(
-            f"input.messages ends with a {roles[-1]} message; it must end with the user's, which the outputs answer"
-        )
+    _check_order(roles, "user", "input.messages")
     for key in ("preferred_output", "non_preferred_output"):
         output = row.get(key)
         if not isinstance(output, list) or len(output) != 1:
@@ -207,13 +200,13 @@ def _message(message: Any, at: str) -> str:
     role = message.get("role")
     if role in ("tool", "function") or "tool_calls" in message or "function_call" in message:
         raise _RowProblem(f"{at} is a tool call or tool result; this server trains on text messages only: remove it")
-    if not isinstance(role, str) or role not in CHAT_ROLES:
+    if not isinstance(role, str) or role not in CHAT_ROLES:  # tool turns were refused above
         shown = json.dumps(role)[:_QUOTE] if role is not None else "missing"
         raise _RowProblem(f"{at}.role is {shown}; expected system, developer, user or assistant")
     content = message.get("content")
     if isinstance(content, list):
         for index, part in enumerate(content):
-            if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
+            if not is_text_part(part):
                 raise _RowProblem(f"{at}.content[{index}] is not a text part ({{\"type\": \"text\", \"text\": ...}})")
         content = "".join(part["text"] for part in content)
     if not isinstance(content, str):
@@ -223,17 +216,26 @@ def _message(message: Any, at: str) -> str:
     return CHAT_ROLES[role]
 
 
-def _check_order(roles: list[str], where: str = "messages") -> None:
-    previous: Optional[str] = None
-    for index, role in enumerate(roles):
-        here = f"{where}[{index}]"
-        if role == "system" and index:
-            raise _RowProblem(f"has a system message at {here}; a system message may only come first")
-        if role == previous:
-            raise _RowProblem(f"has two {role} messages in a row ({where}[{index - 1}] and {here}): merge them")
-        if role == "assistant" and previous in (None, "system"):
-            raise _RowProblem(f"has an assistant message at {here} before any user message")
-        previous = role
+def _check_order(roles: list[str], last: str, where: str = "messages") -> None:
+    """The turn order (finetune_studio.conversations), ending with `last`'s message."""
+    problem = order_problem(roles, last)
+    if problem is not None:
+        raise _RowProblem(_order_text(problem, last, where))
+
+
+def _order_text(problem: OrderProblem, last: str, where: str) -> str:
+    here = f"{where}[{problem.index}]"
+    if problem.kind == "system_not_first":
+        return f"has a system message at {here}; a system message may only come first"
+    if problem.kind == "repeated":
+        return f"has two {problem.role} messages in a row ({where}[{problem.index - 1}] and {here}): merge them"
+    if problem.kind == "assistant_before_user":
+        return f"has an assistant message at {here} before any user message"
+    if problem.kind in ("no_assistant", "wrong_last") and last == "user":
+        return f"{where} ends with a {problem.role} message; it must end with the user's, which the outputs answer"
+    if problem.kind in ("no_assistant", "wrong_last"):
+        return f"ends with a {problem.role} message ({here}); it must end with the assistant's"
+    return f"has its messages out of order at {here} ({problem.kind.replace('_', ' ')})"  # tool turns: refused before
 
 
 def _kind(value: Any) -> str:

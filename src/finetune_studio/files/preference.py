@@ -3,32 +3,17 @@
 OpenAI: `{"input": {"messages": [...]}, "preferred_output": [{assistant}],
 "non_preferred_output": [{assistant}]}`. The trainer (TRL's conversational
 preference format, docs/API.md, Training methods): `{"prompt": [...messages], "chosen":
-[{assistant}], "rejected": [{assistant}]}`. Written once, when a preference file is
-uploaded, beside it (`<id>.dpo.jsonl`); the file is checked first (checks.py).
+[{assistant}], "rejected": [{assistant}]}`: `conversations.dpo_row`, which the training
+child's reader uses too. Written once, when a preference file is uploaded, beside it
+(`<id>.dpo.jsonl`); the file is checked first (checks.py).
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
-from finetune_studio.files.checks import CHAT_ROLES
-
-
-def _message(message: dict[str, Any]) -> dict[str, str]:
-    content = message["content"]
-    if isinstance(content, list):
-        content = "".join(str(part["text"]) for part in content)
-    return {"role": CHAT_ROLES[str(message["role"])], "content": str(content)}
-
-
-def dpo_row(row: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "prompt": [_message(message) for message in row["input"]["messages"]],
-        "chosen": [_message(row["preferred_output"][0])],
-        "rejected": [_message(row["non_preferred_output"][0])],
-    }
+from finetune_studio.conversations import dpo_row
 
 
 def write_dpo_rows(source: Path, target: Path) -> None:

@@ -63,15 +63,28 @@ class ChatModel(Protocol):
 
     def decode(self, ids: list[int]) -> str: ...
 
+    def token_bytes(self, token: int) -> bytes:
+        """The bytes a token stands for (what a logprob names; special tokens as their text)."""
+        ...
+
     def use_adapter(self, folder: str) -> str: ...
 
     def release_adapter(self, name: str) -> None: ...
+
+    def batch_lane(self, adapter: Optional[str]) -> Optional[str]:
+        """Which decode batch (engine.py) a request for `adapter` (None: the base) joins:
+        requests of one base with the same lane decode together, and the model then
+        implements `batch.BatchedModel`; None: each such request decodes alone."""
+        ...
 
     def new_cache(self, tokens: int) -> Any:
         """An empty KV cache for one request of at most `tokens` tokens (prompt and answer)."""
         ...
 
-    def forward(self, ids: list[int], cache: Any, seen: int, adapter: Optional[str]) -> torch.Tensor: ...
+    def forward(self, ids: list[int], cache: Any, seen: int, adapter: Optional[str], all_positions: bool = False) -> torch.Tensor:
+        """Run `ids` on top of `cache`, which holds `seen` tokens: the float32 logits of the
+        last position (`[vocab]`), or of every position of `ids` (`[len(ids), vocab]`)."""
+        ...
 
     def close(self) -> None:
         """Free what it holds now (the pool has dropped it; no request uses it)."""

@@ -1,5 +1,6 @@
 """Entry point of the chat child:
-`python -m finetune_studio.inference.child [--max-loaded N] [--idle-seconds S]`.
+`python -m finetune_studio.inference.child [--max-loaded N] [--idle-seconds S] [--precision auto|bf16|fp32]
+[--max-batch-size N]`.
 
 The wire is `finetune_studio.wire` ("the inference child"): commands on stdin,
 one JSON object a line; messages on stdout, one JSON object a line, and nothing
@@ -100,9 +101,15 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--max-loaded", type=int, default=1, help="base models kept loaded at most (0: none kept)")
     parser.add_argument("--idle-seconds", type=float, default=600.0,
                         help="unload a model unused this long (0: never)")
+    parser.add_argument("--precision", choices=["auto", "bf16", "fp32"], default="auto",
+                        help="the dtype transformers models answer in (auto: bf16 where it is native)")
+    parser.add_argument("--max-batch-size", type=int, default=16,
+                        help="answers decoded at once (one batch per base); more wait their turn, in order")
     args = parser.parse_args(argv)
     if args.max_loaded < 0:
         parser.error("--max-loaded must be 0 or more")
+    if args.max_batch_size < 1:
+        parser.error("--max-batch-size must be 1 or more")
 
     # Keep stdout for messages only: anything a library prints goes to the log.
     outbox = Outbox(os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1, encoding="utf-8"))
@@ -112,8 +119,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     try:
         outbox.send({"type": "ready"})
         from finetune_studio.inference.engine import Engine  # torch: after `ready`
+        from finetune_studio.inference.models import set_precision
 
-        serve(Engine(outbox.send, max_loaded=args.max_loaded, idle_seconds=args.idle_seconds), commands)
+        set_precision(args.precision)
+
+        serve(Engine(outbox.send, max_loaded=args.max_loaded, idle_seconds=args.idle_seconds,
+                     max_batch_size=args.max_batch_size), commands)
     except ServerGone as exc:
         print(f"the server stopped reading ({exc}); exiting", file=sys.stderr)
     return 0

@@ -1,20 +1,39 @@
-"""The requests and the scheduler: one step loop over every unfinished answer.
+"""The requests and the scheduler: one step loop over every unfinished answer, which
+decodes the running answers in batches.
 
 The child's one thread calls `Engine.step()` again and again, and feeds commands
-in between steps (`handle`). A step is one round-robin turn over the active
-requests in arrival order, and each advances by exactly one forward pass: a new
-request's turn loads what it needs (the base, its adapter), reads the prompt
-(`started`) and runs the prefill, which yields its first token; every later turn
-feeds the last token back and yields one more. So every concurrent answer gets
-one token per turn: the two streams of a compare run grow side by side, and a
-long answer does not keep a short one waiting.
+in between steps (`handle`). A step does two things:
 
-Each request keeps its own KV cache and its own `torch.Generator`, and names its
-adapter (or none) for each forward pass, so nothing of one answer can reach
-another: a base and a fine-tuned answer that interleave give exactly what each
-gives alone. The price of this simplicity is no batching: N answers cost N
-forward passes per turn. Loading a model happens in its request's turn and holds
-the others up for as long as it takes (seconds, once per base).
+1. **Decode.** Every running answer advances by one token. The answers on one
+   transformers base decode together, in one batch (batch.py): one forward pass for
+   all of them, each row through its own adapter (peft's mixed-adapter batches,
+   `adapter_names`; the base's rows through none). peft mixes no DoRA adapter with
+   others, so each DoRA adapter's answers make a batch of their own; a llama.cpp
+   model's answers (gguf.py) are not batched, and take a forward pass each. Each
+   row's token is chosen from its own row of the logits with its request's own
+   parameters and `torch.Generator` (sampling.py), so that an answer is what it is
+   alone: greedy, the tokens `generate(do_sample=False)` gives for it; seeded, the
+   same draw whatever runs beside it. Nothing of one answer reaches another: each
+   row's padding is masked, its positions are its own, and its adapter is chosen
+   for its row.
+2. **Admit.** Waiting requests start, in arrival order, while fewer than
+   `max_batch_size` answers run (each one's KV cache is the bulk of its memory) and
+   the step's PREFILL_TOKENS_PER_STEP last (at least one starts). A start loads what
+   the request needs (the base, its adapter), reads the prompt (`started`) and
+   prefills it alone, in a cache of its own, which yields the first token; the
+   request then joins its batch, from the next step on. So a new request waits for
+   no answer to finish, only for the step under way, and a long prompt holds the
+   running answers up for one step.
+
+An answer that ends (its end-of-turn token, a stop string, max_tokens), fails or is
+cancelled leaves its batch at once: its row and its cache columns are dropped
+before the next forward pass (a cancel, at once). Loading a model happens when its
+first request starts and holds the others up for as long as it takes (seconds,
+once per base).
+
+Log-probabilities (logprobs.py), when a request asks, come from the logits the step
+computed anyway: one `log_softmax` per step over the rows that asked, and over
+the prompt's positions at the prefill.
 """
 
 from __future__ import annotations
@@ -29,15 +48,23 @@ from typing import Any, Optional, cast
 import torch
 
 from finetune_studio import failures
+from finetune_studio.inference import logprobs
+from finetune_studio.inference.batch import Batch, BatchedModel
 from finetune_studio.inference.chat_model import BaseKey, ChatModel
 from finetune_studio.inference.failures import RequestFailed
 from finetune_studio.inference.pool import ModelPool
 from finetune_studio.inference.sampling import make_generator, next_token
 from finetune_studio.inference.text import TextStream
-from finetune_studio.wire import ModelRef
+from finetune_studio.wire import MAX_TOP_LOGPROBS, ModelRef, TokenLogprob
 
 Emit = Callable[[dict[str, Any]], None]
 
+# Answers running at once when the child is not told (--max-batch-size; the server's
+# FINETUNE_STUDIO_MAX_BATCH_SIZE).
+MAX_BATCH_SIZE = 16
+# Prompt tokens prefilled in one step, at most (but one prompt always is): more
+# requests that arrive together start in the steps after, between decode steps.
+PREFILL_TOKENS_PER_STEP = 2048
 
 
 @dataclass
@@ -49,6 +76,9 @@ class Params:
     max_tokens: Optional[int] = None
     stop: list[str] = field(default_factory=list)
     seed: Optional[int] = None
+    logprobs: bool = False
+    top_logprobs: int = 0
+    prompt_logprobs: bool = False
 
     @classmethod
     def parse(cls, raw: Any) -> Params:
@@ -76,6 +106,18 @@ class Params:
         if seed is not None and not _is_int(seed):
             raise RequestFailed("invalid_request", f"seed must be an integer, not {seed!r}", "seed")
         params.seed = seed
+        for name in ("logprobs", "prompt_logprobs"):
+            value = raw.get(name) or False
+            if not isinstance(value, bool):
+                raise RequestFailed("invalid_request", f"{name} must be true or false, not {value!r}", name)
+            setattr(params, name, value)
+        top = raw.get("top_logprobs") or 0
+        if not _is_int(top) or not 0 <= top <= MAX_TOP_LOGPROBS:
+            raise RequestFailed("invalid_request", f"top_logprobs must be an integer from 0 to {MAX_TOP_LOGPROBS}, not {top!r}",
+                                "top_logprobs")
+        if top and not (params.logprobs or params.prompt_logprobs):
+            raise RequestFailed("invalid_request", "top_logprobs needs logprobs (or prompt_logprobs) to be true", "top_logprobs")
+        params.top_logprobs = top
         return params
 
 
@@ -105,37 +147,56 @@ class Request:
     adapter_folder: Optional[str]
     messages: list[dict[str, str]]
     params: Params
-    run: Optional[Running] = None  # from its first turn on
-    entry: Optional[ChatModel] = None  # held from its first turn until it ends
+    run: Optional[Running] = None  # from its start on; None while it waits
+    entry: Optional[ChatModel] = None  # held from its start until it ends
     adapter: Optional[str] = None  # the adapter's name in `entry`; None: the base
 
 
 @dataclass
 class Running:
-    """What is a started answer's own: its KV cache, generator and text."""
+    """What is a started answer's own: its generator, its text, and its place in a
+    batch (or, decoded alone, its own KV cache)."""
 
     entry: ChatModel
     adapter: Optional[str]
-    cache: Any
     generator: torch.Generator
     stream: TextStream
     prompt_tokens: int
     max_tokens: int
-    seen: int = 0  # tokens in the cache
+    batch: Optional[Batch] = None  # None: decoded alone, in `cache`
+    cache: Any = None
+    seen: int = 0  # tokens in `cache`
     completion: list[int] = field(default_factory=list)
 
 
 class Engine:
     """Every request the child was given and has not finished; see the module's docstring."""
 
-    def __init__(self, emit: Emit, *, max_loaded: int = 1, idle_seconds: float = 600.0, pool: Optional[ModelPool] = None) -> None:
+    def __init__(self, emit: Emit, *, max_loaded: int = 1, idle_seconds: float = 600.0,
+                 max_batch_size: int = MAX_BATCH_SIZE, pool: Optional[ModelPool] = None) -> None:
         self._emit = emit
         self.pool = pool or ModelPool(max_loaded, idle_seconds)
-        self._active: dict[str, Request] = {}  # in arrival order: the round-robin order
+        self.max_batch_size = max(1, max_batch_size)
+        self._requests: dict[str, Request] = {}  # every unfinished request, in arrival order
+        self._batches: dict[tuple[BaseKey, str], Batch] = {}  # per base and lane (ChatModel.batch_lane)
 
     @property
     def busy(self) -> bool:
-        return bool(self._active)
+        return bool(self._requests)
+
+    @property
+    def running(self) -> int:
+        """Requests started and not finished (at most max_batch_size)."""
+        return sum(1 for request in self._requests.values() if request.run is not None)
+
+    @property
+    def waiting(self) -> list[str]:
+        """The requests not started yet, in the order they start."""
+        return [request.id for request in self._requests.values() if request.run is None]
+
+    def batches(self) -> list[list[str]]:
+        """The requests of each decode batch, row by row."""
+        return [batch.members for batch in self._batches.values()]
 
     # -- commands -------------------------------------------------------------
 
@@ -154,12 +215,12 @@ class Engine:
             print(f"ignored a command that is not understood: {str(command)[:200]}", file=sys.stderr)
 
     def submit(self, command: dict[str, Any]) -> None:
-        """Take a `generate` command; it runs from the next step on."""
+        """Take a `generate` command; it starts at the next step that has room for it."""
         request_id = command.get("id")
         if not isinstance(request_id, str) or not request_id:
             print("ignored a generate command without an id", file=sys.stderr)
             return
-        if request_id in self._active:
+        if request_id in self._requests:
             self._failed(request_id, RequestFailed("invalid_request", f"a request with id {request_id!r} is already running"))
             return
         try:
@@ -175,29 +236,30 @@ class Engine:
         except RequestFailed as exc:
             self._failed(request_id, exc)
             return
-        self._active[request_id] = request
+        self._requests[request_id] = request
 
     def cancel(self, request_id: str) -> None:
-        """Stop generating `request_id` (its client went away); nothing more is sent for it."""
-        request = self._active.get(request_id)
+        """Stop generating `request_id` (its client went away); nothing more is sent for it,
+        and its row leaves its batch now."""
+        request = self._requests.get(request_id)
         if request is not None:
+            batch = request.run.batch if request.run is not None else None
             self._close(request)
+            if batch is not None:
+                batch.compact()
 
     # -- the loop -------------------------------------------------------------
 
     def step(self) -> None:
-        """One turn: every active request advances by one forward pass."""
-        for request in list(self._active.values()):
+        """One step: every running request advances by one token, then waiting ones start."""
+        for batch in list(self._batches.values()):
+            self._decode_batch(batch)
+        for request in [r for r in self._requests.values() if r.run is not None and r.run.batch is None]:
             try:
-                if request.run is None:
-                    self._start(request)
-                else:
-                    self._decode(request, request.run)
-            except RequestFailed as exc:
-                self._fail(request, exc)
+                self._decode_alone(request, _running(request))
             except Exception as exc:  # noqa: BLE001 - one request's failure must not end the others
-                traceback.print_exc()
-                self._fail(request, _unexpected(exc))
+                self._fail(request, _failure(exc))
+        self._admit()
 
     def unload_idle(self) -> None:
         self.pool.unload_idle()
@@ -205,9 +267,74 @@ class Engine:
     def seconds_until_idle(self) -> Optional[float]:
         return self.pool.seconds_until_idle()
 
-    # -- one request ------------------------------------------------------------
+    # -- decoding ---------------------------------------------------------------
 
-    def _start(self, request: Request) -> None:
+    def _decode_batch(self, batch: Batch) -> None:
+        requests = [self._requests[request_id] for request_id in batch.members]
+        if not requests:
+            return
+        runs = [_running(request) for request in requests]
+        try:
+            logits = batch.forward([run.completion[-1] for run in runs])
+        except Exception as exc:  # noqa: BLE001 - which row failed cannot be told: the batch's requests fail, the others go on
+            failure = _failure(exc)
+            for request in requests:
+                self._fail(request, failure)
+            return
+        tokens, described = self._choose(requests, runs, logits)
+        for request, run, token, entry in zip(requests, runs, tokens, described, strict=True):
+            try:
+                self._accept(request, run, token, entry)
+            except Exception as exc:  # noqa: BLE001 - one request's failure must not end the others
+                self._fail(request, _failure(exc))
+        batch.compact()
+
+    def _decode_alone(self, request: Request, run: Running) -> None:
+        logits = run.entry.forward([run.completion[-1]], run.cache, run.seen, run.adapter)
+        run.seen += 1
+        tokens, described = self._choose([request], [run], logits.view(1, -1))
+        self._accept(request, run, tokens[0], described[0])
+
+    @staticmethod
+    def _choose(requests: list[Request], runs: list[Running], logits: torch.Tensor) -> tuple[list[int], list[Optional[TokenLogprob]]]:
+        """Each row's next token, chosen from its row of `logits` (`[rows, vocab]`, float32)
+        as its request asks, and its logprobs when asked (one log_softmax for all)."""
+        greedy: list[int] = logits.argmax(dim=-1).tolist()
+        tokens = [
+            greedy[row] if request.params.temperature == 0
+            else next_token(logits[row], request.params.temperature, request.params.top_p, run.generator)
+            for row, (request, run) in enumerate(zip(requests, runs, strict=True))
+        ]
+        described: list[Optional[TokenLogprob]] = [None] * len(requests)
+        # The end-of-turn token is not part of the answer's text, nor of its logprobs.
+        asking = [row for row, (request, run) in enumerate(zip(requests, runs, strict=True))
+                  if request.params.logprobs and tokens[row] not in run.entry.eos_ids]
+        if asking:
+            rows = logits if len(asking) == len(requests) else logits.index_select(
+                0, torch.tensor(asking, dtype=torch.long, device=logits.device))
+            found = logprobs.entries(rows, [tokens[row] for row in asking],
+                                     [requests[row].params.top_logprobs for row in asking], runs[asking[0]].entry.token_bytes)
+            for row, entry in zip(asking, found, strict=True):
+                described[row] = entry
+        return tokens, described
+
+    # -- starting -----------------------------------------------------------------
+
+    def _admit(self) -> None:
+        """Start waiting requests, in order, while there is room (see the module's docstring)."""
+        budget = PREFILL_TOKENS_PER_STEP
+        for request in list(self._requests.values()):
+            if budget <= 0 or self.running >= self.max_batch_size:
+                return
+            if request.run is not None or request.id not in self._requests:
+                continue
+            try:
+                budget -= self._start(request)
+            except Exception as exc:  # noqa: BLE001 - one request's failure must not end the others
+                self._fail(request, _failure(exc))
+
+    def _start(self, request: Request) -> int:
+        """Load, read the prompt, prefill it, choose the first token, join the batch; the prompt's tokens."""
         entry = request.entry = self.pool.acquire(request.base)
         if request.adapter_folder is not None:
             request.adapter = entry.use_adapter(request.adapter_folder)
@@ -215,25 +342,37 @@ class Engine:
             prompt = entry.prompt_ids(request.messages)
         except Exception as exc:  # noqa: BLE001 - the template is the model's code; what it refuses is the messages
             raise RequestFailed("invalid_request", f"the model's chat template refused these messages: {exc}", "messages") from None
-        max_tokens = self._max_tokens(len(prompt), request.params.max_tokens, entry.context_length)
-        self._emit({"type": "started", "id": request.id, "prompt_tokens": len(prompt)})
+        params = request.params
+        max_tokens = self._max_tokens(len(prompt), params.max_tokens, entry.context_length)
+        started: dict[str, Any] = {"type": "started", "id": request.id, "prompt_tokens": len(prompt)}
+        if not params.prompt_logprobs:
+            self._emit(started)  # at once; with prompt logprobs, once the prefill has them
         run = request.run = Running(
             entry=entry,
             adapter=request.adapter,
-            cache=entry.new_cache(len(prompt) + max_tokens),
-            generator=make_generator(entry.device, request.params.seed),
-            stream=TextStream(entry.decode, request.params.stop),
+            generator=make_generator(entry.device, params.seed),
+            stream=TextStream(entry.decode, params.stop),
             prompt_tokens=len(prompt),
             max_tokens=max_tokens,
         )
-        logits = entry.forward(prompt, run.cache, 0, run.adapter)
-        run.seen = len(prompt)
-        self._accept(request, run, logits)
-
-    def _decode(self, request: Request, run: Running) -> None:
-        logits = run.entry.forward([run.completion[-1]], run.cache, run.seen, run.adapter)
-        run.seen += 1
-        self._accept(request, run, logits)
+        cache = entry.new_cache(len(prompt) + max_tokens)
+        logits = entry.forward(prompt, cache, 0, run.adapter, all_positions=params.prompt_logprobs)
+        if params.prompt_logprobs:
+            started["prompt_logprobs"] = logprobs.prompt_entries(logits, prompt, params.top_logprobs, entry.token_bytes)
+            self._emit(started)
+            logits = logits[-1]
+        lane = entry.batch_lane(run.adapter)
+        if lane is None:
+            run.cache, run.seen = cache, len(prompt)
+        tokens, described = self._choose([request], [run], logits.view(1, -1))
+        self._accept(request, run, tokens[0], described[0])
+        if lane is not None and request.id in self._requests:  # not finished at its first token: it joins its batch
+            batch = self._batches.get((entry.key, lane))
+            if batch is None:
+                batch = self._batches[(entry.key, lane)] = Batch(cast(BatchedModel, entry))
+            batch.join(request.id, run.adapter, cache, len(prompt))
+            run.batch = batch
+        return len(prompt)
 
     @staticmethod
     def _max_tokens(prompt: int, wanted: Optional[int], context: int) -> int:
@@ -253,17 +392,20 @@ class Engine:
             )
         return wanted if wanted is not None else context - prompt
 
-    def _accept(self, request: Request, run: Running, logits: torch.Tensor) -> None:
-        """Choose the next token and say what it changes."""
-        params = request.params
-        token = next_token(logits, params.temperature, params.top_p, run.generator)
+    # -- one token ----------------------------------------------------------------
+
+    def _accept(self, request: Request, run: Running, token: int, entry: Optional[TokenLogprob]) -> None:
+        """Take the chosen token and say what it changes."""
         run.completion.append(token)
         if token in run.entry.eos_ids:
             self._finish(request, run, "stop")
             return
         delta = run.stream.push(token)
-        if delta:
-            self._emit({"type": "delta", "id": request.id, "text": delta})
+        if delta or entry is not None:
+            message: dict[str, Any] = {"type": "delta", "id": request.id, "text": delta}
+            if entry is not None:
+                message["logprobs"] = [entry]
+            self._emit(message)
         if run.stream.stopped:
             self._finish(request, run, "stop")
         elif len(run.completion) >= run.max_tokens:
@@ -280,15 +422,23 @@ class Engine:
         self._close(request)
 
     def _fail(self, request: Request, exc: RequestFailed) -> None:
-        self._failed(request.id, exc)
-        self._close(request)
+        if request.id in self._requests:
+            self._failed(request.id, exc)
+            self._close(request)
 
     def _failed(self, request_id: str, exc: RequestFailed) -> None:
         self._emit({"type": "failed", "id": request_id, "code": exc.code, "message": exc.message, "param": exc.param})
 
     def _close(self, request: Request) -> None:
-        self._active.pop(request.id, None)
-        request.run = None  # its KV cache is the bulk of a request's memory
+        """The request is over: its row leaves its batch (its memory goes at the batch's
+        next compact), and what it held is released."""
+        self._requests.pop(request.id, None)
+        run, request.run = request.run, None
+        if run is not None and run.batch is not None:
+            run.batch.leave(request.id)
+            if not len(run.batch):  # an empty batch holds nothing: not even the model
+                self._batches = {key: batch for key, batch in self._batches.items() if batch is not run.batch}
+                run.batch.compact()
         entry, request.entry = request.entry, None
         if entry is not None:
             if request.adapter is not None:
@@ -296,7 +446,17 @@ class Engine:
             self.pool.release(entry)
 
 
-def _unexpected(exc: BaseException) -> RequestFailed:
+def _running(request: Request) -> Running:
+    if request.run is None:  # never: only started requests are decoded
+        raise RequestFailed("internal_error", f"request {request.id} is decoded before it started")
+    return request.run
+
+
+def _failure(exc: BaseException) -> RequestFailed:
+    """What a request that raised `exc` ends with (an unexpected error is logged, traceback and all)."""
+    if isinstance(exc, RequestFailed):
+        return exc
+    traceback.print_exception(exc)
     text = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
     if failures.cause_of(exc) == "out_of_memory":
         return RequestFailed("internal_error", f"Out of memory while answering ({text}). {failures.advice('out_of_memory', 'chat')}")

@@ -3,9 +3,11 @@
 An export's GGUF is served as llama.cpp (and Ollama, LM Studio) will run it, so
 that a user can check that the exported file answers as the adapter did. It is
 one more kind of base in the pool (`ChatModel`, see chat_model.py), and the engine
-drives it exactly as it drives a transformers model: the same scheduler (one
-forward pass per request per turn), the same sampling from the logits
-(sampling.py: greedy is the argmax, a seed repeats an answer), the same text
+drives it as it drives a transformers model, but for batching: each of its answers
+takes one forward pass of its own per step (`batch_lane` is None), where a
+transformers base decodes its answers in one batch. The rest is the same: the
+sampling from the logits (sampling.py: greedy is the argmax, a seed repeats an
+answer), the logprobs of the chosen tokens (logprobs.py; not the prompt's), the text
 deltas, stop strings, finish reasons and usage counts (text.py, engine.py).
 
 - **Loading.** The model is loaded once with llama.cpp's C API (`llama_cpp`, the
@@ -48,6 +50,7 @@ import torch
 
 from finetune_studio.inference.chat_model import BaseKey
 from finetune_studio.inference.failures import RequestFailed
+from finetune_studio.wire import GGUF_INSTALL
 
 # The longest context a GGUF answer is given (the model's own, when shorter).
 MAX_CONTEXT = 8192
@@ -56,7 +59,7 @@ CONTEXT_STEP = 256
 # The most prompt tokens one llama_decode call takes.
 BATCH = 512
 INSTALL_HINT = (
-    "Serving a GGUF file needs llama.cpp's Python binding, the [gguf] extra: pip install 'finetune-studio[gguf]'"
+    f"Serving a GGUF file needs llama.cpp's Python binding, the [gguf] extra: {GGUF_INSTALL}"
 )
 
 _llama: Any = None  # the llama_cpp module, once imported
@@ -179,6 +182,9 @@ class GgufModel:
         """The text of `ids` without control tokens; a character cut short reads U+FFFD (text.py holds it back)."""
         return b"".join(self._piece(token) for token in ids).decode("utf-8", errors="replace")
 
+    def token_bytes(self, token: int) -> bytes:
+        return self._piece(token)
+
     def _piece(self, token: int) -> bytes:
         piece = self._pieces.get(token)
         if piece is None:
@@ -221,14 +227,21 @@ class GgufModel:
 
     # -- forward passes ---------------------------------------------------------
 
+    def batch_lane(self, adapter: Optional[str]) -> Optional[str]:
+        """None: llama.cpp's answers are not batched here; each decodes in its own context."""
+        return None
+
     def new_cache(self, tokens: int) -> Session:
         session = Session(self, tokens)
         self._sessions.add(session)
         return session
 
-    def forward(self, ids: list[int], cache: Any, seen: int, adapter: Optional[str]) -> torch.Tensor:
+    def forward(self, ids: list[int], cache: Any, seen: int, adapter: Optional[str], all_positions: bool = False) -> torch.Tensor:
         """Decode `ids` after the `seen` tokens in the answer's context; the float32
-        logits of the last position."""
+        logits of the last position (llama.cpp keeps no others: `all_positions`, a
+        prompt's logprobs, is refused)."""
+        if all_positions:
+            raise RequestFailed("invalid_request", "prompt logprobs are not available from llama.cpp models", "prompt_logprobs")
         session: Session = cache
         if seen == 0:
             self._set_adapter(session, adapter)

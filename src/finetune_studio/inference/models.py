@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import re
 import sys
 import warnings
 from collections import OrderedDict
@@ -29,14 +30,40 @@ from typing import Any, Optional
 
 import torch
 
+from finetune_studio.hardware import Precision
 from finetune_studio.inference.chat_model import BaseKey
 from finetune_studio.inference.failures import RequestFailed
 from finetune_studio.training.channel import JobFailure
 from finetune_studio.training.models import ModelSource, load_tokenizer_and_model
+from finetune_studio.training.precision import decide_precision, torch_dtype
 
 MAX_ADAPTERS_PER_BASE = 8
+# A SentencePiece byte token; and GPT-2's table of the characters byte-level BPE writes bytes as.
+_BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+
+
+def _byte_table() -> dict[str, int]:
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("\u00a1"), ord("\u00ac") + 1), *range(ord("\u00ae"), ord("\u00ff") + 1)]
+    table = {chr(byte): byte for byte in printable}
+    shifted = 0
+    for byte in range(256):
+        if byte not in printable:
+            table[chr(256 + shifted)] = byte
+            shifted += 1
+    return table
+
+
+_UNICODE_TO_BYTE = _byte_table()
 # The context of a model whose config states none (max_position_embeddings).
 UNSTATED_CONTEXT = 4096
+# What the chat child answers in: its --precision (the server's FINETUNE_STUDIO_INFERENCE_PRECISION),
+# set by child.py; auto is bf16 where it is native (hardware.choose_precision), else fp32.
+PRECISION: Precision = "auto"
+
+
+def set_precision(precision: Precision) -> None:
+    global PRECISION
+    PRECISION = precision
 
 
 class LoadedModel:
@@ -61,6 +88,9 @@ class LoadedModel:
         self._names = 0
         self.context_length = self._context_length()
         self.eos_ids = self._eos_ids()
+        self._batchable = self._can_batch()
+        self._byte_level = "ByteLevel" in str(getattr(getattr(tokenizer, "backend_tokenizer", None), "decoder", ""))
+        self._bytes: dict[int, bytes] = {}
 
     # -- the prompt and the text ------------------------------------------------
 
@@ -71,6 +101,23 @@ class LoadedModel:
 
     def decode(self, ids: list[int]) -> str:
         return str(self.tokenizer.decode(ids, skip_special_tokens=True))
+
+    def token_bytes(self, token: int) -> bytes:
+        """The bytes of one token: a byte-level BPE token's characters mapped back to
+        the bytes they stand for (GPT-2's table), a SentencePiece byte token (`<0xE2>`)
+        as its byte, any other token as its text (`▁` a space)."""
+        found = self._bytes.get(token)
+        if found is None:
+            piece = str(self.tokenizer.convert_ids_to_tokens(token))
+            byte = _BYTE_TOKEN.fullmatch(piece)
+            if byte is not None:
+                found = bytes([int(byte.group(1), 16)])
+            elif self._byte_level and all(char in _UNICODE_TO_BYTE for char in piece):
+                found = bytes(_UNICODE_TO_BYTE[char] for char in piece)
+            else:
+                found = piece.replace("\u2581", " ").encode("utf-8")
+            self._bytes[token] = found
+        return found
 
     # -- adapters ---------------------------------------------------------------
 
@@ -149,18 +196,71 @@ class LoadedModel:
         except TypeError:  # transformers before the cache took the config
             return DynamicCache()
 
-    def forward(self, ids: list[int], cache: Any, seen: int, adapter: Optional[str]) -> torch.Tensor:
+    def forward(self, ids: list[int], cache: Any, seen: int, adapter: Optional[str], all_positions: bool = False) -> torch.Tensor:
         """Run `ids` (the prompt, or the last token) on top of `cache`, which holds
-        `seen` tokens, and return the float32 logits of the last position."""
+        `seen` tokens, and return the float32 logits of the last position (of every
+        position of `ids` with `all_positions`: a prompt's logprobs)."""
         kwargs: dict[str, Any] = {self._cache_argument: cache, "use_cache": True}
-        if self._keeps_logits:
+        if self._keeps_logits and not all_positions:
             kwargs["logits_to_keep"] = 1
         input_ids = torch.tensor([ids], dtype=torch.long, device=self.device)
         attention_mask = torch.ones((1, seen + len(ids)), dtype=torch.long, device=self.device)
         with torch.inference_mode(), self._adapter(adapter):
             output = self.model(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
-        logits: torch.Tensor = output.logits[0, -1]
+        logits: torch.Tensor = output.logits[0] if all_positions else output.logits[0, -1]
         return logits.to(dtype=torch.float32)
+
+    # -- decode batches (batch.py) ------------------------------------------------
+
+    def batch_lane(self, adapter: Optional[str]) -> Optional[str]:
+        """The base and its LoRA adapters share one batch (peft's mixed-adapter batches:
+        `adapter_names`, one per row); a DoRA adapter, which peft refuses there, has a
+        batch of its own. None: a model whose cache is not plain per-layer tensors
+        (sliding windows, recurrent state) decodes each request alone."""
+        if not self._batchable:
+            return None
+        if adapter is not None and getattr(self.model.peft_config.get(adapter), "use_dora", False):
+            return f"dora:{adapter}"
+        return ""
+
+    def forward_rows(
+        self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor, cache: Any,
+        adapters: list[Optional[str]],
+    ) -> torch.Tensor:
+        """One decode step of a batch: `input_ids` `[rows, 1]` at `position_ids` on top
+        of the left-padded `cache` (`attention_mask` hides the padding); row i through
+        `adapters[i]` (None: the base). The float32 logits `[rows, vocab]`."""
+        kwargs: dict[str, Any] = {self._cache_argument: cache, "use_cache": True, "position_ids": position_ids}
+        if self._keeps_logits:
+            kwargs["logits_to_keep"] = 1
+        chosen = set(adapters)
+        with torch.inference_mode():
+            if len(chosen) == 1:  # one adapter (or the base) for every row: as a request alone runs
+                with self._adapter(adapters[0]):
+                    output = self.model(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+            else:
+                names = [name if name is not None else "__base__" for name in adapters]
+                output = self.model(input_ids=input_ids, attention_mask=attention_mask, adapter_names=names, **kwargs)
+        logits: torch.Tensor = output.logits[:, -1]
+        return logits.to(dtype=torch.float32)
+
+    def _can_batch(self) -> bool:
+        """Whether this model's KV cache is plain tensors per layer, `[rows, heads,
+        tokens, head_dim]`, that a batch may pad, stack and select (batch.py), and its
+        forward pass takes each row's positions."""
+        try:
+            from transformers.cache_utils import DynamicLayer
+        except ImportError:  # a transformers whose cache has no layers
+            return False
+        if "position_ids" not in inspect.signature(self.model.forward).parameters:
+            return False
+        cache = self.new_cache(0)
+        layers = getattr(cache, "layers", None)
+        if not isinstance(layers, list):
+            return False
+        if not layers:  # built as the layers are used: plain ones, unless the cache says otherwise
+            return getattr(cache, "layer_class_to_replicate", None) is DynamicLayer
+        return all(type(layer) is DynamicLayer for layer in layers)
 
     def close(self) -> None:
         """Nothing to do: torch frees the weights with the last reference (the pool's)."""
@@ -194,10 +294,14 @@ class LoadedModel:
 
 
 def load_transformers(key: BaseKey) -> LoadedModel:
-    """Load a base model for answering with transformers: float32 on the CPU, bf16
-    on a GPU that has it."""
+    """Load a base model for answering with transformers, in PRECISION: with auto, bf16 on
+    a GPU that has it and on a CPU with AMX or AVX512-BF16, else float32."""
     cuda = torch.cuda.is_available()
-    dtype = torch.bfloat16 if cuda and torch.cuda.is_bf16_supported() else torch.float32
+    precision = decide_precision(PRECISION)
+    dtype = torch_dtype(precision)
+    print(f"{key.location}: answering in {precision.dtype} ({precision.reason})", file=sys.stderr)
+    if precision.warning:
+        print(precision.warning, file=sys.stderr)
     source = ModelSource(key.kind, key.location)
     try:
         tokenizer, model = load_tokenizer_and_model(source, dtype=dtype, trust_remote_code=key.trust_remote_code)

@@ -31,7 +31,7 @@ from finetune_studio.inference.models import load_transformers
 
 def load_base(key: BaseKey) -> ChatModel:
     """Load a base model for answering: with llama.cpp when the key says so, else
-    with transformers (float32 on the CPU, bf16 on a GPU that has it)."""
+    with transformers (in the child's --precision: models.PRECISION)."""
     if key.backend == "llama_cpp":
         return load_gguf(key)
     return load_transformers(key)

@@ -36,7 +36,8 @@ updates a row whose current phase is one its kind's table allows.
 
 from __future__ import annotations
 
-from typing import Literal, get_args
+from collections.abc import Mapping
+from typing import Any, Literal, get_args
 
 from finetune_studio.schemas import ExportPhase, Phase
 
@@ -66,6 +67,12 @@ ALLOWED_FROM: dict[str, frozenset[str]] = {
 }
 # The phases a training job may be told again with new words (entered from themselves).
 REPEATABLE: frozenset[str] = frozenset(target for target, sources in ALLOWED_FROM.items() if target in sources)
+# The phases in which a training job has a usable result (a model to export or chat with),
+# each with the details one of which must name a saved result (none: the phase is enough):
+# a completed job always, a stopped one once it saved its adapter or its model (has_result;
+# the page reads it from web/rules.js, generated from here by finetune_studio.web_rules).
+RESULT_KEYS: tuple[str, ...] = ("adapter_dir", "model_dir")  # as wire.JobFolder.outputs() names them
+RESULT_PHASES: dict[str, tuple[str, ...]] = {"completed": (), "stopped": RESULT_KEYS}
 
 EXPORT_PHASES: tuple[str, ...] = get_args(ExportPhase)
 EXPORT_RUNNING: frozenset[str] = frozenset({"loading_model", "merging", "converting", "quantizing"})
@@ -94,6 +101,13 @@ PROGRESS_PHASES: dict[str, frozenset[str]] = {
 
 def is_terminal(phase: str) -> bool:
     return phase in TERMINAL
+
+
+def has_result(phase: str, saved: Mapping[str, Any]) -> bool:
+    """Whether a training job in `phase` has a usable result (RESULT_PHASES); `saved`: its
+    status details, or the results on disk (`wire.JobFolder.outputs()`, the same keys)."""
+    needs = RESULT_PHASES.get(phase)
+    return needs is not None and (not needs or any(saved.get(key) for key in needs))
 
 
 def allowed_from(target: str, kind: str = "train") -> frozenset[str]:

@@ -33,6 +33,7 @@ from finetune_studio.schemas import (
     TrainingProgress,
     TrainingStatus,
 )
+from finetune_studio.wire import DataDir
 
 
 def new_job_id() -> str:
@@ -106,7 +107,7 @@ class JobService:
         self.store = store
         self.jobs_dir = jobs_dir
         # An export's files live in <data dir>/exports/<export id>/, beside jobs/.
-        self.exports_dir = exports_dir or jobs_dir.parent / "exports"
+        self.exports_dir = exports_dir or DataDir.of_jobs(jobs_dir).exports
         self.keepalive_seconds = keepalive_seconds
         # The feeds of unfinished jobs that have had an event or a reader since the
         # server started; a finished job's feed is dropped (its readers keep theirs).

@@ -394,16 +394,19 @@ class JobStore:
         )
         return [self._record(row) for row in rows]
 
-    def progress_points(self, job_id: str) -> list[tuple[int, Optional[float], Optional[float], Optional[int]]]:
-        """(step, loss, eval_loss, num_tokens) of each of the job's progress events, in
-        order, read in SQL (no event is parsed in Python): for the run summary."""
+    def progress_points(
+        self, job_id: str
+    ) -> list[tuple[int, Optional[float], Optional[float], Optional[int], Optional[float], Optional[float]]]:
+        """(step, loss, eval_loss, num_tokens, tokens_per_second, mfu) of each of the job's
+        progress events, in order, read in SQL (no event is parsed in Python): for the run summary."""
         rows = self._db.execute(
             "SELECT json_extract(data, '$.step'), json_extract(data, '$.loss'), json_extract(data, '$.eval_loss'),"
-            " json_extract(data, '$.num_tokens') FROM events WHERE job_id = ? AND kind = 'progress' ORDER BY id",
+            " json_extract(data, '$.num_tokens'), json_extract(data, '$.tokens_per_second'), json_extract(data, '$.mfu')"
+            " FROM events WHERE job_id = ? AND kind = 'progress' ORDER BY id",
             (job_id,),
         )
         return [
-            (int(r[0]), _float(r[1]), _float(r[2]), int(r[3]) if r[3] is not None else None)
+            (int(r[0]), _float(r[1]), _float(r[2]), int(r[3]) if r[3] is not None else None, _float(r[4]), _float(r[5]))
             for r in rows
             if r[0] is not None
         ]

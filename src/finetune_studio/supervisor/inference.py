@@ -4,8 +4,9 @@
 the first request, writes each request to its stdin as a `GenerateCommand` with an
 id of its own, and reads the child's stdout on one task, which hands each message to
 the `Generation` of that id (an asyncio queue per request). Many requests are in the
-child at once; the child takes turns between them (one token each per turn), so they
-all advance together. The wire is drawn at the bottom of `finetune_studio.wire`.
+child at once; the child decodes them together (one batched forward pass per step,
+up to `max_batch_size` answers; the rest wait in order), so they all advance
+together. The wire is drawn at the bottom of `finetune_studio.wire`.
 
 - A request whose client goes away is cancelled in the child (`Generation.close`).
 - When the child dies, every request it was serving ends with an `InferenceUnavailable`
@@ -187,6 +188,8 @@ class InferenceManager:
             self.python, "-m", self.module,
             "--max-loaded", str(self.settings.max_loaded_models),
             "--idle-seconds", str(self.settings.inference_idle_seconds),
+            "--precision", self.settings.inference_precision,
+            "--max-batch-size", str(self.settings.max_batch_size),
         ]
         try:
             process = await spawn_child(argv, self.log_path, mark=_START_MARK)

@@ -12,6 +12,7 @@ from typing import Any, Optional
 from transformers import TrainerCallback
 
 from finetune_studio.training.channel import Channel, StopSignal
+from finetune_studio.training.throughput import Utilization
 
 # The tokens-per-second rate is taken over this many of the latest steps: recent
 # enough to follow a change of speed, long enough not to jump with every batch.
@@ -179,12 +180,23 @@ class ProgressCallback(TrainerCallback):
         self.eval_sampler: Optional[Callable[[Any, Any], list[dict[str, str]]]] = None
         # Set by the recipe for dpo, orpo, kto and grpo: their own figures go in `metrics`.
         self.method_metrics = False
+        # Set by the recipe once it knows the device's peak: each step's `mfu`.
+        self.utilization: Optional[Utilization] = None
+        self.rows_per_step = 1  # rows trained in an optimizer step (all workers): for the mean row length
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.started = time.monotonic()
         self.first_step = int(state.global_step)  # above 0 when resuming from a checkpoint
         self.token_marks = deque([(self.started, 0)], maxlen=RATE_WINDOW_STEPS + 1)
         self.gpu_memory = _gpu_memory_reader()
+        workers = max(1, int(getattr(args, "world_size", 1) or 1))
+        self.rows_per_step = max(1, int(getattr(args, "per_device_train_batch_size", 1) or 1)
+                                 * int(getattr(args, "gradient_accumulation_steps", 1) or 1) * workers)
+        if self.utilization is not None:
+            try:
+                self.utilization.begin(kwargs.get("model"), workers)
+            except Exception:  # noqa: BLE001 - a figure of the run, never a reason to stop it
+                self.utilization = None
         self.on_begin(int(state.max_steps), self.first_step)
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -263,6 +275,22 @@ class ProgressCallback(TrainerCallback):
         seconds = now - then
         return (tokens - before) / seconds if seconds > 0 and tokens > before else None
 
+    def _mean_row_tokens(self) -> Optional[float]:
+        """The mean length of the rows trained over the rate's window (its steps' tokens
+        over their rows): the attention's context in the FLOPs per token."""
+        steps = len(self.token_marks) - 1
+        tokens = self.token_marks[-1][1] - self.token_marks[0][1]
+        return tokens / (steps * self.rows_per_step) if steps > 0 and tokens > 0 else None
+
+    def _mfu(self, rate: Optional[float]) -> Optional[float]:
+        if self.utilization is None or rate is None:
+            return None
+        try:
+            return self.utilization.mfu(rate, self._mean_row_tokens())
+        except Exception:  # noqa: BLE001 - a figure of the run, never a reason to stop it
+            self.utilization = None
+            return None
+
     def _progress(self, state: Any, logs: dict[str, Any]) -> dict[str, Any]:
         step = int(state.global_step)
         total = max(int(state.max_steps), 1)
@@ -289,6 +317,7 @@ class ProgressCallback(TrainerCallback):
             "grad_norm": _number(logs, "grad_norm"),
             "num_tokens": tokens,
             "tokens_per_second": round(rate, 1) if rate is not None else rate,
+            "mfu": self._mfu(rate),
             "mean_token_accuracy": _number(logs, "mean_token_accuracy"),
             "memory_bytes": resident_bytes(),
             "gpu_memory_bytes": self.gpu_memory() if self.gpu_memory is not None else None,

@@ -19,16 +19,20 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
 from finetune_studio.atomic import save_atomically, write_file
+from finetune_studio.cuda_features import bitsandbytes_works, usable_optim
+from finetune_studio.hardware import PrecisionChoice
 from finetune_studio.schemas import Phase, TrainingStartRequest, method_of
 from finetune_studio.training.channel import Channel, JobFailure, StopSignal
 from finetune_studio.training.datasets import DatasetError, LoadedData, load_eval_data, load_training_data, measure
 from finetune_studio.training.models import ModelSource, load_tokenizer_and_model, resolve_source
+from finetune_studio.training.precision import decide_precision
 from finetune_studio.wire import JobFolder, WorkerSpec, last_checkpoint
 
 if TYPE_CHECKING:  # transformers is imported only once the job has announced loading_model
     from transformers import EarlyStoppingCallback
 
     from finetune_studio.training.callbacks import ProgressCallback
+    from finetune_studio.training.throughput import Utilization
 
 
 def has_module(name: str) -> bool:
@@ -47,6 +51,7 @@ class Recipe:
         self.progress_callback: Optional[ProgressCallback] = None  # set by build_trainer
         self.early_stopping: Optional[EarlyStoppingCallback] = None  # set by build_trainer when patience is given
         self.extra_callbacks: list[Any] = []  # a launcher's own (Ray: uploading checkpoints), after the recipe's
+        self.precision: Optional[PrecisionChoice] = None  # decided by load_model
         self.facts: dict[str, Any] = {"output_dir": str(self.output_dir), "worker_pid": os.getpid()}
         for warning in spec.warnings:
             channel.warn(warning)
@@ -218,7 +223,7 @@ class Recipe:
                 self.channel.warn("load_in_4bit does not apply to full fine-tuning; the model is loaded in full precision")
             elif source.kind == "gguf":
                 self.channel.warn("a GGUF model is dequantized on loading; load_in_4bit is not applied")
-            elif cuda and has_module("bitsandbytes"):
+            elif bitsandbytes_works(cuda, has_module("bitsandbytes")):
                 from transformers import BitsAndBytesConfig
 
                 quantization = BitsAndBytesConfig(
@@ -229,9 +234,15 @@ class Recipe:
                 )
             else:
                 self.channel.warn("load_in_4bit needs CUDA and bitsandbytes; the model is loaded in full precision (LoRA, not QLoRA)")
-        # LoRA trains small adapters beside frozen weights: bf16 weights are fine on a GPU.
-        # Full fine-tuning keeps fp32 master weights (bf16 autocast does the math).
-        bf16 = cuda and torch.cuda.is_bf16_supported()
+        # bf16 where it is native (a GPU with bf16, a CPU with AMX or AVX512-BF16), unless the
+        # request's `precision` says otherwise (hardware.choose_precision). LoRA trains small
+        # adapters beside frozen weights: those are held in bf16 and the adapter in fp32 (peft
+        # keeps it so). Full fine-tuning keeps fp32 master weights. bf16 autocast does the math.
+        precision = self.precision = decide_precision(request.precision)
+        if precision.warning:
+            self.channel.warn(precision.warning)
+        self.facts["precision"] = precision.to_json()
+        bf16 = precision.dtype == "bf16"
         dtype = torch.bfloat16 if bf16 and self.method == "lora" else torch.float32
         tokenizer, model = load_tokenizer_and_model(
             source,
@@ -323,10 +334,9 @@ class Recipe:
 
         request = self.request
         cuda = torch.cuda.is_available()
-        optim = request.optim
-        if "8bit" in optim and not (cuda and has_module("bitsandbytes")):
-            optim = "adamw_torch"
-            self.channel.warn(f"optim {request.optim} needs CUDA and bitsandbytes; adamw_torch is used")
+        optim = usable_optim(request.optim, cuda, has_module("bitsandbytes"))
+        if optim != request.optim:
+            self.channel.warn(f"optim {request.optim} needs CUDA and bitsandbytes; {optim} is used")
 
         report_to = []
         if request.enable_wandb:
@@ -389,7 +399,7 @@ class Recipe:
             report_to=report_to or "none",
             disable_tqdm=True,
             use_cpu=not cuda,
-            bf16=cuda and torch.cuda.is_bf16_supported(),
+            bf16=self.precision is not None and self.precision.dtype == "bf16",  # autocast, on the GPU or the CPU
             fp16=False,
             **self.checkpointing_args(SFTConfig),
             dataloader_num_workers=0,
@@ -404,6 +414,7 @@ class Recipe:
         peft_config = self.lora_config() if self.method == "lora" else None
         self.progress_callback = ProgressCallback(self.channel, self.stop, self.start_training)
         self.progress_callback.method_metrics = not sft  # dpo's reward margins, grpo's rewards...
+        self.progress_callback.utilization = self.utilization(cuda)
         if eval_data is not None and request.eval_steps and request.eval_sample_count:
             prompts = eval_prompts(tokenizer, eval_data.rows, request.eval_sample_count)
             self.progress_callback.eval_sampler = EvalSampler(prompts)
@@ -438,6 +449,20 @@ class Recipe:
                     f"target_modules {request.target_modules} do not match this model's layers: {text.splitlines()[0]}",
                 ) from None
             raise
+
+    def utilization(self, cuda: bool) -> Optional[Utilization]:
+        """What each step's `mfu` is measured against: the device's peak in the job's dtype
+        (a short matmul probe, once per machine; training/throughput.py), in `details.peak`.
+        A probe that fails costs the figure, never the job."""
+        from finetune_studio.training.throughput import Utilization, peak_flops
+
+        try:
+            peak = peak_flops(cuda, self.precision.dtype if self.precision is not None else "fp32")
+        except Exception as exc:  # noqa: BLE001 - a figure of the run, not a reason to fail it
+            self.channel.warn(f"mfu: the device's peak could not be measured ({type(exc).__name__}: {exc}); no mfu is reported")
+            return None
+        self.facts["peak"] = peak.to_json()
+        return Utilization(peak)
 
     def checkpointing_args(self, config_class: Any) -> dict[str, Any]:
         """Activation (gradient) checkpointing, under the name this transformers uses."""

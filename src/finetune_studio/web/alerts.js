@@ -2,31 +2,19 @@
 // server's text, the last checkpoint), the warnings, and what a finished run left
 // behind (adapter, model and output folders, final loss).
 
+import { el } from "./dom.js";
 import * as fmt from "./format.js";
-
-function element(tag, text) {
-  return Object.assign(document.createElement(tag), { textContent: text });
-}
 
 function renderError(box, status, stopError) {
   const details = (status && status.details) || {};
   if (status && status.phase === "error") {
-    const parts = [element("strong", fmt.errorHeadline(details.error_code)), element("p", status.error || status.message)];
-    if (details.error_code) {
-      const code = element("code", details.error_code);
-      code.className = "error-code";
-      code.dataset.testid = "error-code";
-      parts.push(code);
-    }
-    if (details.last_checkpoint) {
-      const checkpoint = element("p", `Last checkpoint: ${details.last_checkpoint}`);
-      checkpoint.className = "muted";
-      parts.push(checkpoint);
-    }
+    const parts = [el("strong", fmt.errorHeadline(details.error_code)), el("p", status.error || status.message)];
+    if (details.error_code) parts.push(el("code", { class: "error-code", "data-testid": "error-code" }, details.error_code));
+    if (details.last_checkpoint) parts.push(el("p", { class: "muted" }, `Last checkpoint: ${details.last_checkpoint}`));
     box.replaceChildren(...parts);
     box.hidden = false;
   } else if (stopError) {
-    box.replaceChildren(element("strong", "Could not stop this run"), element("p", stopError));
+    box.replaceChildren(el("strong", "Could not stop this run"), el("p", stopError));
     box.hidden = false;
   } else {
     box.hidden = true;
@@ -43,10 +31,8 @@ function renderWarnings(box, details) {
   const key = JSON.stringify(warnings);
   if (box.dataset.key === key) return;
   box.dataset.key = key;
-  const title = element("strong", warnings.length === 1 ? "1 warning" : `${warnings.length} warnings`);
-  const list = document.createElement("ul");
-  for (const warning of warnings) list.append(element("li", warning));
-  box.replaceChildren(title, list);
+  const title = warnings.length === 1 ? "1 warning" : `${warnings.length} warnings`;
+  box.replaceChildren(el("strong", title), el("ul", warnings.map((warning) => el("li", warning))));
 }
 
 function renderOutputs(box, status) {
@@ -62,13 +48,8 @@ function renderOutputs(box, status) {
     ["Output folder", details.output_dir],
     ["Final training loss", details.train_loss != null ? fmt.metric(details.train_loss) : null],
   ].filter(([, value]) => value != null && value !== "");
-  const dl = document.createElement("dl");
-  for (const [label, value] of rows) {
-    const div = document.createElement("div");
-    div.append(element("dt", label), element("dd", String(value)));
-    dl.append(div);
-  }
-  box.replaceChildren(element("strong", phase === "completed" ? "Training completed" : "Stopped"), dl);
+  const dl = el("dl", rows.map(([label, value]) => el("div", el("dt", label), el("dd", String(value)))));
+  box.replaceChildren(el("strong", phase === "completed" ? "Training completed" : "Stopped"), dl);
   box.hidden = false;
 }
 

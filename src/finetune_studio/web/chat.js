@@ -22,6 +22,7 @@ import {
 import { basename, phaseLabel } from "./format.js";
 import { isServable } from "./jobs.js";
 import { chatHash, routeHash } from "./route.js";
+import { renderScheduler } from "./schedule.js";
 
 const TUNED = "tuned";
 const BASE = "base";
@@ -106,7 +107,9 @@ export class ChatView {
     this.stats = new WeakMap(); // answer -> {deltas}: for window.__studio
     this.loaded = false;
     this.showing = null; // identifies the latest show(): a slower earlier load is dropped
-    this.pending = false;
+    this.schedule = renderScheduler(() => { // render() at most once a frame, while a chat is shown
+      if (this.jobId) this.render();
+    });
 
     const $ = (id) => root.querySelector(`#${id}`);
     this.title = $("chat-title");
@@ -394,15 +397,6 @@ export class ChatView {
 
   stopAll() {
     for (const controller of this.running.values()) controller.abort();
-  }
-
-  schedule() {
-    if (this.pending) return;
-    this.pending = true;
-    requestAnimationFrame(() => {
-      this.pending = false;
-      if (this.jobId) this.render();
-    });
   }
 
   render() {

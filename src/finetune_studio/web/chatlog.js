@@ -5,6 +5,7 @@
 // set as text (never HTML): a model's answer can contain anything.
 
 import { storedChatError } from "./chatstream.js";
+import { el } from "./dom.js";
 import { integer } from "./format.js";
 
 const FINISH_WORDS = {
@@ -12,15 +13,8 @@ const FINISH_WORDS = {
   length: "reached max tokens",
 };
 
-function element(tag, className, text) {
-  const el = document.createElement(tag);
-  if (className) el.className = className;
-  if (text != null) el.textContent = text;
-  return el;
-}
-
-function setText(el, text) {
-  if (el.textContent !== text) el.textContent = text;
+function setText(node, text) {
+  if (node.textContent !== text) node.textContent = text;
 }
 
 /** "12 tokens · 85 tok/s · reached max tokens", or the state of an unfinished answer. */
@@ -87,34 +81,21 @@ export class ChatLog {
   }
 
   createTurn(sides) {
-    const root = element("li", "turn");
-    root.dataset.testid = "turn";
-    const user = element("div", "user-msg");
-    user.dataset.testid = "user-message";
-    const row = element("div", "answers");
-    row.dataset.count = String(sides.length);
+    const user = el("div", { class: "user-msg", "data-testid": "user-message" });
+    const row = el("div", { class: "answers", "data-count": sides.length });
     const answers = {};
     for (const { side, label } of sides) {
-      const cell = element("article", "answer");
-      cell.dataset.side = side;
-      cell.dataset.testid = `answer-${side}`;
-      const head = element("header", "answer-head");
-      const name = element("span", "answer-label", label);
-      const meta = element("span", "answer-meta");
-      meta.dataset.testid = "answer-meta";
-      const actions = element("span", "answer-actions");
-      head.append(name, meta, actions);
-      const text = element("div", "answer-text");
-      text.dataset.testid = "answer-text";
-      const error = element("div", "answer-error");
-      error.setAttribute("role", "alert");
-      error.dataset.testid = "answer-error";
-      error.hidden = true;
-      cell.append(head, text, error);
+      const meta = el("span", { class: "answer-meta", "data-testid": "answer-meta" });
+      const actions = el("span", { class: "answer-actions" });
+      const text = el("div", { class: "answer-text", "data-testid": "answer-text" });
+      const error = el("div", { class: "answer-error", role: "alert", "data-testid": "answer-error", hidden: true });
+      const cell = el("article", { class: "answer", "data-side": side, "data-testid": `answer-${side}` },
+        el("header", { class: "answer-head" }, el("span", { class: "answer-label" }, label), meta, actions),
+        text, error);
       row.append(cell);
       answers[side] = { cell, meta, actions, text, error, button: null };
     }
-    root.append(user, row);
+    const root = el("li", { class: "turn", "data-testid": "turn" }, user, row);
     return { root, user, answers };
   }
 
@@ -151,11 +132,8 @@ export class ChatLog {
     if (box.dataset.key === key) return;
     box.dataset.key = key;
     const error = storedChatError(stored);
-    const parts = [element("strong", "", error.headline), element("p", "", error.message)];
-    if (error.code) {
-      const code = element("code", "error-code", error.status ? `${error.status} ${error.code}` : error.code);
-      parts.push(code);
-    }
+    const parts = [el("strong", error.headline), el("p", error.message)];
+    if (error.code) parts.push(el("code", { class: "error-code" }, error.status ? `${error.status} ${error.code}` : error.code));
     box.replaceChildren(...parts);
     box.hidden = false;
   }
@@ -165,11 +143,11 @@ export class ChatLog {
     if (parts.button) parts.button.remove();
     parts.button = null;
     if (!kind) return;
-    const button = element("button", kind === "stop" ? "btn btn-small btn-danger" : "btn btn-small", kind === "stop" ? "Stop" : "Retry");
-    button.type = "button";
-    button.dataset.kind = kind;
-    button.dataset.testid = `${kind}-${side}`;
-    button.addEventListener("click", () => (kind === "stop" ? this.onStop(side) : this.onRetry(side)));
+    const stop = kind === "stop";
+    const button = el("button", {
+      type: "button", class: stop ? "btn btn-small btn-danger" : "btn btn-small", "data-kind": kind, "data-testid": `${kind}-${side}`,
+      onclick: () => (stop ? this.onStop(side) : this.onRetry(side)),
+    }, stop ? "Stop" : "Retry");
     parts.actions.append(button);
     parts.button = button;
   }

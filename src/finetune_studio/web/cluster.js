@@ -3,13 +3,8 @@
 // has spent, where its files travel (a URI), what it waits for while Ray places the
 // workers, and each restart in words. Hidden for a run trained on the server's machine.
 
+import { el } from "./dom.js";
 import { TERMINAL } from "./format.js";
-
-function element(tag, text, testid) {
-  const el = Object.assign(document.createElement(tag), { textContent: text });
-  if (testid) el.dataset.testid = testid;
-  return el;
-}
 
 /** {"CPU": 2, "GPU": 1} -> "2 CPU, 1 GPU"; Ray's default (one CPU) when none were asked for. */
 export function describeResources(resources) {
@@ -45,26 +40,18 @@ export function renderCluster(box, status, known) {
     ["Restarts", `${restarts.length} of at most ${ray.max_failures}`, "cluster-restart-count"],
     ["Storage", storage, "cluster-storage"],
   ].filter(([, value]) => value != null && value !== "");
-  const dl = document.createElement("dl");
-  dl.className = "cluster-facts";
-  for (const [label, value, testid] of rows) {
-    const div = document.createElement("div");
-    const dd = element("dd", String(value), testid);
-    dd.title = String(value); // a long URI is cut to the line: the whole of it on hover
-    div.append(element("dt", label), dd);
-    dl.append(div);
-  }
-  const parts = [dl];
+  // A long URI is cut to the line: the whole of it on hover (the title).
+  const items = rows.map(([label, value, testid]) =>
+    el("div", el("dt", label), el("dd", { "data-testid": testid, title: String(value) }, String(value))));
+  const parts = [el("dl", { class: "cluster-facts" }, items)];
   const waiting = details.waiting_for;
   if (waiting && !TERMINAL.has(status.phase)) {
     const count = waiting.num_workers ?? ray.num_workers;
     const each = describeResources(waiting.resources_per_worker ?? ray.resources_per_worker);
-    parts.push(element("p", `Waiting for the cluster to place ${plural(count, "worker")} (${each} each)`, "cluster-waiting"));
+    parts.push(el("p", { "data-testid": "cluster-waiting" }, `Waiting for the cluster to place ${plural(count, "worker")} (${each} each)`));
   }
   if (restarts.length) {
-    const list = element("ul", "", "cluster-restarts");
-    for (const restart of restarts) list.append(element("li", restart));
-    parts.push(list);
+    parts.push(el("ul", { "data-testid": "cluster-restarts" }, restarts.map((restart) => el("li", restart))));
   }
   // Redraw only on a change: a hovered title or a selection survives the per-frame render.
   const key = JSON.stringify([rows, waiting && !TERMINAL.has(status.phase) ? waiting : null, restarts]);

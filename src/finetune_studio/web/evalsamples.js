@@ -3,12 +3,9 @@
 // evaluation prompts at that step); this panel shows the latest ones, under the
 // charts, so a run that learns nothing (or only to repeat itself) is seen while it runs.
 
-function element(tag, text = "", className = "") {
-  const el = document.createElement(tag);
-  if (text) el.textContent = text;
-  if (className) el.className = className;
-  return el;
-}
+import { el } from "./dom.js";
+
+const WRAPPED = { whiteSpace: "pre-wrap" };
 
 /** An answer as shown: one that is empty or only whitespace (a model that learned nothing yet) is said so. */
 export function shown(completion) {
@@ -38,9 +35,9 @@ export class EvalSamples {
 
   ensure() {
     if (this.box) return this.box;
-    const box = element("section", "", "eval-samples");
-    box.dataset.testid = "eval-samples";
-    box.setAttribute("aria-label", "The model's answers at the latest evaluation");
+    const box = el("section", {
+      class: "eval-samples", "data-testid": "eval-samples", "aria-label": "The model's answers at the latest evaluation",
+    });
     const charts = this.root.querySelector(".charts");
     if (charts) charts.after(box);
     else this.root.append(box);
@@ -65,18 +62,10 @@ export class EvalSamples {
     if (key === this.shown) return;
     this.shown = key;
     const loss = progress.eval_loss != null ? ` (eval loss ${Number(progress.eval_loss).toPrecision(4)})` : "";
-    const parts = [element("h3", `Answers at step ${progress.step}${loss}`, "card-subtitle")];
-    for (const sample of progress.eval_samples) {
-      const item = element("div", "", "eval-sample");
-      item.dataset.testid = "eval-sample";
-      const prompt = element("pre", sample.prompt, "eval-prompt muted");
-      prompt.style.whiteSpace = "pre-wrap";
-      const answer = element("pre", shown(sample.completion), "eval-completion");
-      answer.style.whiteSpace = "pre-wrap";
-      answer.dataset.testid = "eval-completion";
-      item.append(prompt, answer);
-      parts.push(item);
-    }
-    box.replaceChildren(...parts);
+    const samples = progress.eval_samples.map((sample) =>
+      el("div", { class: "eval-sample", "data-testid": "eval-sample" },
+        el("pre", { class: "eval-prompt muted", style: WRAPPED }, sample.prompt),
+        el("pre", { class: "eval-completion", style: WRAPPED, "data-testid": "eval-completion" }, shown(sample.completion))));
+    box.replaceChildren(el("h3", { class: "card-subtitle" }, `Answers at step ${progress.step}${loss}`), ...samples);
   }
 }

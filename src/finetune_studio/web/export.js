@@ -62,24 +62,23 @@ export class ExportPanel {
   }
 
   build() {
-    this.format = el("select", { id: "export-format", "data-testid": "export-format" },
-      ...FORMATS.map(([value, label]) => el("option", { value, text: label })));
-    this.format.addEventListener("change", () => this.renderChoices());
+    this.format = el("select", { id: "export-format", "data-testid": "export-format", onchange: () => this.renderChoices() },
+      ...FORMATS.map(([value, label]) => el("option", { value }, label)));
     this.quants = el("fieldset", { class: "export-quants", "data-testid": "export-quants" });
-    this.startButton = el("button", { type: "submit", class: "btn btn-primary", "data-testid": "export-start", text: "Export" });
+    this.startButton = el("button", { type: "submit", class: "btn btn-primary", "data-testid": "export-start" }, "Export");
     this.errorBox = el("div", { class: "alert alert-error", "data-testid": "export-error", role: "alert", hidden: true });
     this.list = el("ul", { class: "export-list", "data-testid": "export-list", "aria-label": "Exports of this run, newest first" });
-    const form = el("form", { class: "export-form", "data-testid": "export-form" },
-      el("label", { class: "export-field" }, el("span", { text: "Format" }), this.format),
-      this.quants,
-      this.startButton);
-    form.addEventListener("submit", (event) => {
+    const submit = (event) => {
       event.preventDefault();
       this.start();
-    });
+    };
+    const form = el("form", { class: "export-form", "data-testid": "export-form", onsubmit: submit },
+      el("label", { class: "export-field" }, el("span", "Format"), this.format),
+      this.quants,
+      this.startButton);
     const section = el("section", { class: "export-panel", "data-testid": "export-panel", "aria-labelledby": "export-title", hidden: true },
-      el("h3", { id: "export-title", text: "Export" }),
-      el("p", { class: "muted export-hint", text: "Take the result elsewhere: llama.cpp, Ollama, LM Studio, vLLM." }),
+      el("h3", { id: "export-title" }, "Export"),
+      el("p", { class: "muted export-hint" }, "Take the result elsewhere: llama.cpp, Ollama, LM Studio, vLLM."),
       form, this.errorBox, this.list);
     this.renderChoices();
     return section;
@@ -89,17 +88,17 @@ export class ExportPanel {
     const format = this.format.value;
     this.quants.replaceChildren();
     if (format === "merged_16bit") {
-      this.quants.append(el("legend", { text: "16-bit safetensors, with the tokenizer and chat template" }));
+      this.quants.append(el("legend", "16-bit safetensors, with the tokenizer and chat template"));
       return;
     }
     const lora = format === "lora_gguf";
-    this.quants.append(el("legend", { text: lora ? "Type (one)" : "Quantizations (one file each)" }));
+    this.quants.append(el("legend", lora ? "Type (one)" : "Quantizations (one file each)"));
     for (const name of lora ? LORA_TYPES : GGUF_QUANTS) {
       const input = el("input", {
         type: lora ? "radio" : "checkbox", name: "export-quant", value: name, "data-testid": `export-quant-${name}`,
         checked: name === (lora ? "f16" : "q4_k_m"),
       });
-      this.quants.append(el("label", { class: "export-quant" }, input, el("span", { text: name })));
+      this.quants.append(el("label", { class: "export-quant" }, input, el("span", name)));
     }
   }
 
@@ -229,8 +228,8 @@ export class ExportPanel {
     this.startButton.textContent = this.busy ? "Starting…" : "Export";
     this.errorBox.hidden = !this.error;
     if (this.error) {
-      this.errorBox.replaceChildren(el("strong", { text: this.error.headline }),
-        ...this.error.lines.map((line) => el("div", { text: line })));
+      this.errorBox.replaceChildren(el("strong", this.error.headline),
+        ...this.error.lines.map((line) => el("div", line)));
     }
     const items = [...this.exports.entries()].reverse();
     this.list.replaceChildren(...items.map(([id, item]) => this.drawItem(id, item)));
@@ -242,13 +241,13 @@ export class ExportPanel {
     const phase = status.phase;
     const quants = details.quantizations && details.quantizations.length ? ` (${details.quantizations.join(", ")})` : "";
     const head = el("div", { class: "export-head" },
-      el("span", { class: "badge", "data-phase": phase, "data-testid": "export-phase", text: exportPhaseLabel(phase) }),
-      el("span", { class: "export-what", text: `${details.format || ""}${quants}` }),
-      el("code", { class: "job-id", text: exportId }));
+      el("span", { class: "badge", "data-phase": phase, "data-testid": "export-phase" }, exportPhaseLabel(phase)),
+      el("span", { class: "export-what" }, `${details.format || ""}${quants}`),
+      el("code", { class: "job-id" }, exportId));
     if (!TERMINAL.has(phase)) {
-      const stop = el("button", { type: "button", class: "btn btn-small btn-danger", "data-testid": "export-stop", text: "Stop" });
-      stop.addEventListener("click", () => this.stop(exportId));
-      head.append(stop);
+      head.append(el("button", {
+        type: "button", class: "btn btn-small btn-danger", "data-testid": "export-stop", onclick: () => this.stop(exportId),
+      }, "Stop"));
     }
     const node = el("li", { class: "export-item", "data-testid": "export-item", "data-export-id": exportId, "data-phase": phase }, head);
     const stages = STAGES.filter((stage) => item.stages[stage]);
@@ -257,24 +256,24 @@ export class ExportPanel {
         const data = item.stages[stage];
         const share = data.total ? (100 * data.done) / data.total : 0;
         return el("div", { class: "export-stage", "data-testid": "export-stage", "data-stage": stage },
-          el("span", { text: `${STAGE_LABELS[stage]}${data.file ? ` ${data.file}` : ""}` }),
+          el("span", `${STAGE_LABELS[stage]}${data.file ? ` ${data.file}` : ""}`),
           el("progress", { max: "100", value: share.toFixed(1), "aria-label": `${STAGE_LABELS[stage]} progress` }),
-          el("span", { class: "muted", text: `${data.done}/${data.total}` }));
+          el("span", { class: "muted" }, `${data.done}/${data.total}`));
       });
       node.append(el("div", { class: "export-stages" }, ...rows));
     }
     if (item.percent != null && !TERMINAL.has(phase)) {
-      node.append(el("p", { class: "muted", "data-testid": "export-percent", text: `${item.percent.toFixed(1)}% of the export` }));
+      node.append(el("p", { class: "muted", "data-testid": "export-percent" }, `${item.percent.toFixed(1)}% of the export`));
     }
     if (phase === "error") {
       node.append(el("div", { class: "alert alert-error", role: "alert", "data-testid": "export-failure" },
-        el("strong", { text: errorHeadline(details.error_code) }),
-        el("div", { text: status.error || status.message })));
+        el("strong", errorHeadline(details.error_code)),
+        el("div", status.error || status.message)));
     } else if (phase === "stopped") {
-      node.append(el("p", { class: "muted", text: status.message }));
+      node.append(el("p", { class: "muted" }, status.message));
     }
     if (phase === "completed") this.drawFiles(node, exportId, item);
-    if (item.downloadError) node.append(el("p", { class: "alert alert-error", text: item.downloadError }));
+    if (item.downloadError) node.append(el("p", { class: "alert alert-error" }, item.downloadError));
     return node;
   }
 
@@ -283,24 +282,24 @@ export class ExportPanel {
     const list = el("ul", { class: "export-files", "data-testid": "export-files" });
     for (const file of files) {
       const base = file.name.split("/").pop();
-      const link = el("a", { href: downloadPath(exportId, file.name), download: base, "data-testid": "export-file-link", text: file.name });
-      link.addEventListener("click", (event) => {
+      const href = downloadPath(exportId, file.name);
+      const download = (event) => {
         if (!authHeaders().Authorization) return; // a plain link does it
         event.preventDefault();
         item.downloadError = null;
-        downloadWithToken(link.getAttribute("href"), base).catch((error) => {
+        downloadWithToken(href, base).catch((error) => {
           item.downloadError = `The download of ${file.name} failed: ${error.message || error}`;
           this.schedule();
         });
-      });
+      };
+      const link = el("a", { href, download: base, "data-testid": "export-file-link", onclick: download }, file.name);
       list.append(el("li", { "data-testid": "export-file", "data-name": file.name },
-        link, el("span", { class: "muted", "data-testid": "export-file-size", text: ` ${bytes(file.bytes)}` })));
+        link, el("span", { class: "muted", "data-testid": "export-file-size" }, ` ${bytes(file.bytes)}`)));
     }
     node.append(list);
     if (files.some((file) => file.name === "Modelfile")) {
       const command = `ollama create finetune-${this.jobId} -f Modelfile`;
-      const copy = el("button", { type: "button", class: "btn btn-small", "data-testid": "copy-ollama", text: item.copied || "Copy" });
-      copy.addEventListener("click", async () => {
+      const copyCommand = async () => {
         try {
           await navigator.clipboard.writeText(command);
           item.copied = "Copied";
@@ -308,10 +307,11 @@ export class ExportPanel {
           item.copied = "Select and copy";
         }
         this.schedule();
-      });
+      };
+      const copy = el("button", { type: "button", class: "btn btn-small", "data-testid": "copy-ollama", onclick: copyCommand }, item.copied || "Copy");
       node.append(el("div", { class: "export-ollama" },
-        el("span", { class: "muted", text: "Download the files into one folder, then run there:" }),
-        el("code", { "data-testid": "ollama-command", text: command }), copy));
+        el("span", { class: "muted" }, "Download the files into one folder, then run there:"),
+        el("code", { "data-testid": "ollama-command" }, command), copy));
     }
   }
 }

@@ -4,6 +4,8 @@
 // "Advanced"). The server's error texts name fields by their API names; `inWords`
 // puts the labels in their place.
 
+import { el } from "./dom.js";
+
 /**
  * kind: int | float | text | secret | bool | select | lines (one per line) | csv (a
  * comma list) | json (an object or a list, as JSON). `methods`: shown only for these
@@ -165,53 +167,37 @@ export function parseValue(field, text) {
   }
 }
 
-function element(tag, attributes = {}, text = "") {
-  const el = document.createElement(tag);
-  for (const [key, value] of Object.entries(attributes)) el.setAttribute(key, value);
-  if (text) el.textContent = text;
-  return el;
-}
+const INPUT_MODES = { int: "numeric", float: "decimal" };
 
 /** One field of the Advanced section: label, control, hint; `enums` gives a select's values. */
 function buildField(field, enums) {
-  const wrap = element("div", { class: field.kind === "bool" ? "field field-check" : "field" });
-  wrap.dataset.field = field.name;
-  if (field.methods) wrap.dataset.methods = field.methods.join(" ");
-  if (field.cluster) wrap.dataset.cluster = "";
   const id = `f-${field.name}`;
-  const testid = `field-${field.name}`;
-  let control;
+  const hint = field.hint ? el("small", { class: "hint", id: `hint-${field.name}` }, field.hint) : null;
+  // Every control has these; its hint is read out with it.
+  const common = { id, name: field.name, "data-testid": `field-${field.name}`, "aria-describedby": hint && hint.id };
+  const label = el("label", { for: id }, field.label);
+  let parts;
   if (field.kind === "bool") {
-    control = element("input", { id, name: field.name, type: "checkbox", "data-testid": testid });
-    const label = element("label", { for: id }, field.label);
-    wrap.append(control, label);
+    parts = [el("input", { ...common, type: "checkbox" }), label];
+  } else if (field.kind === "select") {
+    const values = field.options || enums[field.name] || [];
+    parts = [label, el("select", common, values.map((value) => new Option(value, value)))];
+  } else if (field.kind === "lines" || field.kind === "json") {
+    parts = [label, el("textarea", { ...common, rows: "2", spellcheck: "false" })];
   } else {
-    wrap.append(element("label", { for: id }, field.label));
-    if (field.kind === "select") {
-      control = element("select", { id, name: field.name, "data-testid": testid });
-      for (const value of field.options || enums[field.name] || []) control.append(new Option(value, value));
-    } else if (field.kind === "lines" || field.kind === "json") {
-      control = element("textarea", { id, name: field.name, rows: "2", spellcheck: "false", "data-testid": testid });
-    } else {
-      control = element("input", { id, name: field.name, spellcheck: "false", autocomplete: "off", "data-testid": testid });
-      if (field.kind === "secret") control.type = "password";
-      if (field.kind === "int") control.setAttribute("inputmode", "numeric");
-      if (field.kind === "float") control.setAttribute("inputmode", "decimal");
-      if (field.suggest) {
-        const list = element("datalist", { id: `${id}-options` });
-        for (const value of field.suggest) list.append(new Option(value, value));
-        control.setAttribute("list", list.id);
-        wrap.append(list);
-      }
-    }
-    wrap.append(control);
+    const list = field.suggest && el("datalist", { id: `${id}-options` }, field.suggest.map((value) => new Option(value, value)));
+    const input = el("input", {
+      ...common, spellcheck: "false", autocomplete: "off", type: field.kind === "secret" ? "password" : null,
+      inputmode: INPUT_MODES[field.kind], list: list && list.id,
+    });
+    parts = [label, list, input];
   }
-  if (field.hint) {
-    const hint = element("small", { class: "hint", id: `hint-${field.name}` }, field.hint);
-    control.setAttribute("aria-describedby", hint.id);
-    wrap.append(hint);
-  }
-  return wrap;
+  return el("div", {
+    class: field.kind === "bool" ? "field field-check" : "field",
+    "data-field": field.name,
+    "data-methods": field.methods && field.methods.join(" "),
+    "data-cluster": Boolean(field.cluster),
+  }, parts, hint);
 }
 
 /**
@@ -227,16 +213,10 @@ export function buildAdvanced(container, known, enums) {
     if (!groups.has(field.group)) groups.set(field.group, []);
     groups.get(field.group).push(field);
   }
-  const sets = [];
-  for (const [group, fields] of groups) {
-    const set = element("fieldset", { class: "group" });
-    // The whole group is hidden with its fields (showClusterFields in form.js).
-    if (fields.every((field) => field.cluster)) set.dataset.clusterGroup = "";
-    set.append(element("legend", {}, group));
-    const grid = element("div", { class: "grid-adv" });
-    for (const field of fields) grid.append(buildField(field, enums));
-    set.append(grid);
-    sets.push(set);
-  }
+  const sets = [...groups].map(([group, fields]) =>
+    // A group of cluster fields alone is hidden with them (showClusterFields in form.js).
+    el("fieldset", { class: "group", "data-cluster-group": fields.every((field) => field.cluster) },
+      el("legend", group),
+      el("div", { class: "grid-adv" }, fields.map((field) => buildField(field, enums)))));
   container.replaceChildren(...sets);
 }

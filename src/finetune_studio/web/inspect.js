@@ -9,17 +9,11 @@
 //   watchDatasetFields(form, box) re-inspect as the user edits the form's data fields
 
 import { api, ApiError } from "./api.js";
+import { el } from "./dom.js";
 
 // The form fields an inspection reads, as DatasetInspectRequest names them.
 const WATCHED = ["local_datasets", "format_type", "model_name", "max_seq_length", "custom_format_mapping", "train_on_completions"];
 const DEBOUNCE_MS = 700;
-
-function element(tag, text = "", className = "") {
-  const el = document.createElement(tag);
-  if (text) el.textContent = text;
-  if (className) el.className = className;
-  return el;
-}
 
 function count(n) {
   return Number(n || 0).toLocaleString();
@@ -40,80 +34,65 @@ export function summary(report) {
   return parts.join(" · ");
 }
 
+// Set on the element (element.style), so the preview reads right wherever it is placed (no stylesheet needed).
+const TRAINS = { background: "rgba(46, 160, 67, 0.18)" };
+const CUT = { opacity: "0.55", textDecoration: "line-through" };
+
 function segmentSpan(segment) {
-  const span = element("span", segment.text, "inspect-seg");
-  span.dataset.trains = String(segment.trains);
-  span.dataset.truncated = String(segment.truncated);
-  if (segment.role) span.dataset.role = segment.role;
-  span.title = [
+  const title = [
     segment.role || "text",
     segment.truncated ? "cut off by max_seq_length" : segment.trains ? "the loss covers it" : "no loss",
   ].join(" · ");
-  // Inline, so the preview reads right wherever it is placed (no stylesheet needed).
-  if (segment.trains && !segment.truncated) span.style.background = "rgba(46, 160, 67, 0.18)";
-  if (segment.truncated) Object.assign(span.style, { opacity: "0.55", textDecoration: "line-through" });
-  return span;
+  return el("span", {
+    class: "inspect-seg",
+    "data-trains": String(segment.trains),
+    "data-truncated": String(segment.truncated),
+    "data-role": segment.role || null,
+    title,
+    style: segment.truncated ? CUT : segment.trains ? TRAINS : null,
+  }, segment.text);
 }
 
 function rowBlock(row) {
-  const block = element("div", "", "inspect-row");
-  block.dataset.testid = "inspect-row";
   const head = [`row ${row.index}`];
   if (row.tokens != null) head.push(`${count(row.tokens)} tokens`);
   if (row.clipped) head.push("shown in part");
-  const pre = element("pre");
-  pre.style.whiteSpace = "pre-wrap";
-  pre.append(...row.segments.map(segmentSpan));
-  block.append(element("small", head.join(" · "), "muted"), pre);
-  return block;
+  return el("div", { class: "inspect-row", "data-testid": "inspect-row" },
+    el("small", { class: "muted" }, head.join(" · ")),
+    el("pre", { style: { whiteSpace: "pre-wrap" } }, row.segments.map(segmentSpan)));
 }
 
 function suggestion(box, mapping) {
-  const line = element("p", "", "inspect-suggestion");
-  line.dataset.testid = "inspect-suggestion";
   const text = JSON.stringify(mapping);
-  line.append(element("span", `These columns are no known shape; a mapping that reads them: `), element("code", text));
   const form = box.closest("form");
   const field = form ? form.elements.namedItem("custom_format_mapping") : null;
-  if (field) {
-    const use = element("button", "Use this mapping", "btn btn-ghost");
-    use.type = "button";
-    use.dataset.testid = "inspect-use-mapping";
-    use.addEventListener("click", () => {
-      field.value = text;
-      field.dispatchEvent(new Event("input", { bubbles: true }));
-      field.dispatchEvent(new Event("change", { bubbles: true }));
-    });
-    line.append(" ", use);
-  }
-  return line;
+  const useMapping = () => {
+    field.value = text;
+    field.dispatchEvent(new Event("input", { bubbles: true }));
+    field.dispatchEvent(new Event("change", { bubbles: true }));
+  };
+  return el("p", { class: "inspect-suggestion", "data-testid": "inspect-suggestion" },
+    el("span", "These columns are no known shape; a mapping that reads them: "),
+    el("code", text),
+    field && [" ", el("button", { type: "button", class: "btn btn-ghost", "data-testid": "inspect-use-mapping", onclick: useMapping }, "Use this mapping")]);
 }
 
 /** Draw an inspection report (a DatasetInspection) into `box`. */
 export function renderInspection(box, report) {
-  const parts = [];
-  const head = element("p", summary(report), "inspect-head");
-  head.dataset.testid = "inspect-summary";
-  parts.push(head);
-  if (report.error) {
-    const error = element("p", report.error, "inspect-error");
-    error.dataset.testid = "inspect-error";
-    parts.push(error);
-  }
+  const parts = [el("p", { class: "inspect-head", "data-testid": "inspect-summary" }, summary(report))];
+  if (report.error) parts.push(el("p", { class: "inspect-error", "data-testid": "inspect-error" }, report.error));
   if (report.problems && report.problems.length && report.problem_counts && Object.keys(report.problem_counts).length) {
-    const list = element("ul", "", "inspect-problems");
-    list.dataset.testid = "inspect-problems";
-    for (const problem of report.problems) {
+    const items = report.problems.map((problem) => {
       const where = [problem.file, problem.where].filter(Boolean).join(", ");
-      list.append(element("li", `${where}: ${problem.problem}`));
-    }
-    parts.push(list);
+      return el("li", `${where}: ${problem.problem}`);
+    });
+    parts.push(el("ul", { class: "inspect-problems", "data-testid": "inspect-problems" }, items));
   }
   if (report.suggested_mapping) parts.push(suggestion(box, report.suggested_mapping));
-  for (const warning of report.warnings || []) parts.push(element("p", `Note: ${warning}`, "inspect-warning muted"));
+  for (const warning of report.warnings || []) parts.push(el("p", { class: "inspect-warning muted" }, `Note: ${warning}`));
   if (report.preview && report.preview.length) {
     const how = report.rendered_with === "chat_template" ? "as the model sees them" : "each turn's text (name a model to see its template)";
-    parts.push(element("small", `First rows, ${how}; highlighted: the loss covers it; struck: cut off by max_seq_length`, "muted"));
+    parts.push(el("small", { class: "muted" }, `First rows, ${how}; highlighted: the loss covers it; struck: cut off by max_seq_length`));
     parts.push(...report.preview.map(rowBlock));
   }
   box.dataset.ok = String(Boolean(report.ok));
@@ -133,7 +112,7 @@ export async function inspectInto(box, body) {
   box._inspecting = controller;
   box.hidden = false;
   box.setAttribute("aria-busy", "true");
-  if (!box.childElementCount) box.replaceChildren(element("p", "Reading the data…", "muted"));
+  if (!box.childElementCount) box.replaceChildren(el("p", { class: "muted" }, "Reading the data…"));
   try {
     const report = await api("datasets/inspect", { method: "POST", body, signal: controller.signal });
     if (controller.signal.aborted) return null;
@@ -146,10 +125,8 @@ export async function inspectInto(box, body) {
       return null;
     }
     const text = error instanceof ApiError ? error.lines.join(" ") : String((error && error.message) || error);
-    const said = element("p", `No preview: ${text}`, "inspect-error");
-    said.dataset.testid = "inspect-error";
     box.dataset.ok = "false";
-    box.replaceChildren(said);
+    box.replaceChildren(el("p", { class: "inspect-error", "data-testid": "inspect-error" }, `No preview: ${text}`));
     return null;
   } finally {
     if (box._inspecting === controller) {

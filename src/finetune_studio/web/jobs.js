@@ -4,19 +4,20 @@
 
 import { api, ApiError } from "./api.js";
 import { basename } from "./format.js";
+import { RESULT_PHASES } from "./rules.js";
 
 const POLL_MS = 2000;
 const NAMES_KEY = "finetune-studio.job-names";
 
 /**
  * Whether a status says its job has a model to chat with, as GET /v1/models does:
- * completed, or stopped after saving an adapter or a model.
+ * completed, or stopped after saving an adapter or a model (the server's rule, rules.js).
  */
 export function isServable(status) {
-  if (!status) return false;
+  if (!status || !Object.hasOwn(RESULT_PHASES, status.phase)) return false;
   const details = status.details || {};
-  if (status.phase === "completed") return true;
-  return status.phase === "stopped" && Boolean(details.adapter_dir || details.model_dir);
+  const needs = RESULT_PHASES[status.phase];
+  return needs.length === 0 || needs.some((key) => Boolean(details[key]));
 }
 
 export class JobsIndex {

@@ -1,5 +1,5 @@
 // The job view: which run is shown (and which is overlaid), their feeds, the Stop
-// button, and one render per animation frame that draws the parts: the header
+// button, and one render per animation frame (schedule.js) that draws the parts: the header
 // (jobhead.js), a Ray run's cluster line (cluster.js), the phase timeline
 // (timeline.js), progress tiles (progress.js), error/warning/output panels
 // (alerts.js), charts (runcharts.js), the compare
@@ -16,6 +16,7 @@ import { MethodCharts } from "./methodcharts.js";
 import { phaseOf, renderHeader } from "./jobhead.js";
 import { ProgressTiles } from "./progress.js";
 import { RunCharts } from "./runcharts.js";
+import { renderScheduler } from "./schedule.js";
 import { renderStreamState } from "./streamstate.js";
 import { PhaseTimeline } from "./timeline.js";
 import { TERMINAL } from "./format.js";
@@ -28,7 +29,7 @@ export class JobView {
     this.jobs = jobs; // the JobsIndex: latest statuses from /train/jobs, names
     this.feed = null;
     this.compare = null;
-    this.pending = false;
+    this.schedule = renderScheduler(() => this.render()); // render() at most once a frame
     this.stopping = false;
     this.stopError = null;
     this.stopButton = root.querySelector("#stop-button");
@@ -99,15 +100,6 @@ export class JobView {
     for (const feed of [this.feed, this.compare]) {
       if (feed && feed.connection.state === "unauthorized") feed.retry();
     }
-  }
-
-  schedule() {
-    if (this.pending) return;
-    this.pending = true;
-    requestAnimationFrame(() => {
-      this.pending = false;
-      this.render();
-    });
   }
 
   async stop() {

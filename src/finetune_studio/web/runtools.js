@@ -5,12 +5,9 @@
 // action leaves the focus where the person acted, or on what replaced it.
 
 import { api, ApiError } from "./api.js";
+import { el } from "./dom.js";
 import { fieldLabel } from "./fields.js";
 import { TERMINAL } from "./format.js";
-
-function element(tag, text) {
-  return Object.assign(document.createElement(tag), { textContent: text });
-}
 
 function shown(value) {
   if (value == null || value === "") return "—";
@@ -124,26 +121,15 @@ export class RunTools {
 
   async renderSettings() {
     const list = this.root.querySelector("#settings-list");
-    list.replaceChildren(element("dd", "Loading…"));
+    list.replaceChildren(el("dd", "Loading…"));
     try {
       const { request, withheld_secrets: secrets } = await this.detail();
-      const rows = Object.entries(request).map(([name, value]) => {
-        const div = document.createElement("div");
-        const dt = element("dt", fieldLabel(name));
-        dt.title = name;
-        const dd = element("dd", shown(value));
-        dd.dataset.field = name;
-        div.append(dt, dd);
-        return div;
-      });
-      for (const name of secrets || []) {
-        const div = document.createElement("div");
-        div.append(element("dt", fieldLabel(name)), element("dd", "sent, not stored"));
-        rows.push(div);
-      }
+      const rows = Object.entries(request).map(([name, value]) =>
+        el("div", el("dt", { title: name }, fieldLabel(name)), el("dd", { "data-field": name }, shown(value))));
+      for (const name of secrets || []) rows.push(el("div", el("dt", fieldLabel(name)), el("dd", "sent, not stored")));
       list.replaceChildren(...rows);
     } catch (error) {
-      list.replaceChildren(element("dd", "Could not read this run's settings."));
+      list.replaceChildren(el("dd", "Could not read this run's settings."));
       this.failed("Could not read the settings", error);
     }
   }

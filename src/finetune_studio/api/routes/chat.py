@@ -28,7 +28,7 @@ from finetune_studio.api.deps import Responses, StudioDep
 from finetune_studio.api.request_scoped import RequestScopedRoute, request_scoped
 from finetune_studio.api.served_models import resolve_model, served_models
 from finetune_studio.api.streaming import BoundedEventStream
-from finetune_studio.errors import ChatError, InferenceUnavailable, InvalidChatRequest, ModelNotFound
+from finetune_studio.errors import InferenceUnavailable, InvalidChatRequest, ModelNotFound, OpenAIError
 from finetune_studio.openai_wire import (
     AssistantMessage,
     ChatCompletion,
@@ -206,7 +206,7 @@ def _usage(done: dict[str, Any], started: dict[str, Any]) -> Usage:
     return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
 
 
-def _error_of(message: dict[str, Any]) -> ChatError:
+def _error_of(message: dict[str, Any]) -> OpenAIError:
     """The error a `failed` (from the child) or `crashed` (the child died) message stands for."""
     text = str(message.get("message") or "the inference process failed without saying why")
     if message.get("type") == "crashed":
@@ -220,11 +220,11 @@ def _error_of(message: dict[str, Any]) -> ChatError:
         return InvalidChatRequest(text, param=param or "messages", code="context_length_exceeded")
     if code == "invalid_request":
         return InvalidChatRequest(text, param=param)
-    return ChatError(text, param=param, code=str(code) if code else None)
+    return OpenAIError(text, param=param, code=str(code) if code else None)
 
 
 def _raise_if_failed(message: dict[str, Any]) -> None:
     if message.get("type") in ("failed", "crashed"):
         raise _error_of(message)
     if message.get("type") != "started":
-        raise ChatError(f"the inference process answered {message.get('type')!r} where it should have started the request")
+        raise OpenAIError(f"the inference process answered {message.get('type')!r} where it should have started the request")

@@ -28,6 +28,7 @@ from finetune_studio.api.job_stream import (
 from finetune_studio.api.ranges import FileDownload
 from finetune_studio.errors import JobNotFound
 from finetune_studio.export.tools import tools_problem
+from finetune_studio.jobs.phases import has_result
 from finetune_studio.jobs.store import JobRecord
 from finetune_studio.schemas import (
     ErrorCode,
@@ -37,11 +38,10 @@ from finetune_studio.schemas import (
     ExportStartRequest,
     ExportStatus,
 )
-from finetune_studio.wire import JobFolder
+from finetune_studio.wire import GGUF_INSTALL, JobFolder
 
 router = APIRouter(prefix="/export", tags=["export"])
 
-GGUF_INSTALL = "pip install 'finetune-studio[gguf]'"
 _NOT_FOUND: Responses = {status.HTTP_404_NOT_FOUND: {"description": "No export has this id"}}
 _REFUSED: Responses = {
     status.HTTP_400_BAD_REQUEST: {
@@ -81,7 +81,7 @@ def _refused(code: int, text: str, error_code: Optional[ErrorCode] = None) -> JS
 def _result_problem(job: JobRecord) -> Optional[str]:
     """Why the training job has nothing to export, or None when it has an adapter or model."""
     saved = JobFolder(Path(job.output_dir)).outputs()
-    if job.phase == "completed" or (job.phase == "stopped" and saved):
+    if has_result(job.phase, saved):
         if not saved:
             return f"job {job.id} completed, but its result ({job.output_dir}/adapter or /model) is no longer on disk"
         if not JobFolder(Path(job.output_dir)).job_file.is_file():

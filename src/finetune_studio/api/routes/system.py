@@ -12,6 +12,10 @@ changes while the server runs.
 8-bit optimizer where CUDA and bitsandbytes are not both present (the training
 child would fall back and warn about options the user never chose).
 
+`cpu` says whether the CPU computes bf16 natively (AMX or AVX512-BF16, from the
+flags in /proc/cpuinfo: `finetune_studio.hardware`, the rule the training and chat
+children decide their precision by).
+
 `ray` says whether jobs run on a Ray cluster (the server's settings, not the
 machine): the page offers `num_workers` and `resources_per_worker` only then.
 Nothing of Ray is imported to say so.
@@ -33,6 +37,8 @@ from pydantic import BaseModel, Field
 
 from finetune_studio.api.deps import studio_of
 from finetune_studio.config import Settings
+from finetune_studio.cuda_features import recommended_settings
+from finetune_studio.hardware import CpuBf16Kind, detect_cpu_bf16
 from finetune_studio.uris import is_uri, redacted
 
 router = APIRouter(prefix="/system", tags=["system"])
@@ -54,6 +60,19 @@ class Recommended(BaseModel):
     optim: str
 
 
+class CpuInfo(BaseModel):
+    """The CPU's bf16, as the training child's `precision: auto` reads it."""
+
+    model: Optional[str] = Field(default=None, description="The CPU's model name from /proc/cpuinfo; null where unknown.")
+    bf16: CpuBf16Kind = Field(
+        description="amx (amx_bf16), avx512_bf16, or none: what gives this CPU native bf16 (AMX is preferred when both are there)."
+    )
+    bf16_flags: list[str] = Field(description="The bf16 flags found: amx_bf16, avx512_bf16 (empty: neither).")
+    native_bf16: bool = Field(
+        description="bf16 is native here: precision auto trains (and the chat child answers) in bf16 on this CPU."
+    )
+
+
 class RayInfo(BaseModel):
     """The Ray cluster this server runs training jobs on."""
 
@@ -70,6 +89,7 @@ class SystemInfo(BaseModel):
     platform: str = Field(description="The operating system and machine, e.g. Linux x86_64.")
     python: str
     cpu_count: int = Field(description="CPUs this server may use.")
+    cpu: CpuInfo = Field(description="The CPU's model and its bf16 (AMX, AVX512-BF16 or neither).")
     memory_bytes: Optional[int] = Field(default=None, description="The machine's memory; null where unknown.")
     memory_available_bytes: Optional[int] = None
     nvidia_driver: Optional[str] = Field(default=None, description="The NVIDIA kernel driver's version, when loaded.")
@@ -167,6 +187,7 @@ def detect() -> SystemInfo:
     """Look at the machine (a few small file reads and metadata look-ups)."""
     total, available = _memory()
     driver, gpus = _driver()
+    bf16 = detect_cpu_bf16()
     torch_cuda = _torch_cuda()
     cuda = driver is not None and torch_cuda is not None
     bnb = _version("bitsandbytes") is not None
@@ -174,6 +195,7 @@ def detect() -> SystemInfo:
         platform=f"{platform.system()} {platform.machine()}",
         python=platform.python_version(),
         cpu_count=_cpu_count(),
+        cpu=CpuInfo(model=bf16.model, bf16=bf16.kind, bf16_flags=list(bf16.flags), native_bf16=bf16.native),
         memory_bytes=total,
         memory_available_bytes=available,
         nvidia_driver=driver,
@@ -183,16 +205,13 @@ def detect() -> SystemInfo:
         cuda=cuda,
         bitsandbytes=bnb,
         versions={name: _version(name) for name in LIBRARIES},
-        recommended=Recommended(
-            load_in_4bit=cuda and bnb,
-            optim="adamw_8bit" if cuda and bnb else "adamw_torch",
-        ),
+        recommended=Recommended.model_validate(recommended_settings(cuda, bnb)),
     )
 
 
 @router.get("")
 async def system_info(request: Request) -> SystemInfo:
-    """This machine for training: CPUs, memory, GPUs and CUDA, bitsandbytes, library
+    """This machine for training: CPUs (and their bf16), memory, GPUs and CUDA, bitsandbytes, library
     versions, the request defaults that suit it (`recommended`), and the Ray cluster jobs
     run on (`ray`, null without one). Found once, then kept."""
     state = request.app.state

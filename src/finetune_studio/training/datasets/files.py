@@ -35,6 +35,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from finetune_studio.conversations import DATASET_SUFFIXES
 from finetune_studio.training.datasets.errors import (
     NESTED_TOO_DEEPLY,
     BadRecord,
@@ -48,7 +49,7 @@ from finetune_studio.training.datasets.jsonstream import DepthExceeded, TextWind
 
 Record = tuple[str, Any]
 
-SUFFIXES = (".jsonl", ".json", ".csv", ".parquet", ".txt")
+SUFFIXES = DATASET_SUFFIXES  # the file store takes the same (finetune_studio.conversations)
 TEXT_SUFFIX = ".txt"
 _PARQUET_BATCH_ROWS = 2048
 

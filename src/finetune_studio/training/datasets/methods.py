@@ -31,6 +31,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from finetune_studio.conversations import dpo_row
 from finetune_studio.training.datasets.errors import (
     DatasetError,
     RowProblem,
@@ -141,20 +142,24 @@ def _preference(record: Row, notes: Notes) -> Row:
 
 
 def _openai_preference(record: Row) -> tuple[Messages, Messages, Messages]:
-    """OpenAI's DPO row: {"input": {"messages": [...]}, "preferred_output": [...], "non_preferred_output": [...]}."""
+    """OpenAI's DPO row: {"input": {"messages": [...]}, "preferred_output": [...], "non_preferred_output": [...]},
+    read as the file store reads an uploaded one (conversations.dpo_row), each part checked."""
     source = _maybe_json(record.get("input"))
     if not isinstance(source, dict) or "messages" not in source:
         found = "nothing" if "input" not in record else kind_of(source)
         raise RowProblem(
             f"OpenAI's preference rows hold the prompt in \"input\": {{\"messages\": [...]}}; found {found}", MISSING_FIELD
         )
-    prompt = _messages(source["messages"], "input.messages")
-    for key in ("preferred_output", "non_preferred_output"):
-        if key not in record:
-            raise RowProblem(f"missing the column {key!r} (found: {names(record) or 'nothing'})", MISSING_FIELD)
-    return prompt, _messages(record["preferred_output"], "preferred_output"), _messages(
-        record["non_preferred_output"], "non_preferred_output"
-    )
+
+    def checked(value: Any, at: str) -> Messages:
+        if at != "input.messages":  # the prompt's problems first, then the answers'
+            for key in ("preferred_output", "non_preferred_output"):
+                if key not in record:
+                    raise RowProblem(f"missing the column {key!r} (found: {names(record) or 'nothing'})", MISSING_FIELD)
+        return _messages(value, at)
+
+    row = dpo_row({**record, "input": source}, checked)
+    return row["prompt"], row["chosen"], row["rejected"]
 
 
 def _implicit_prompt(record: Row, chosen: Messages, rejected: Messages) -> tuple[Messages, Messages, Messages]:

@@ -53,6 +53,7 @@ from collections.abc import Callable
 from typing import Any
 
 from finetune_studio.bounds import excerpt
+from finetune_studio.conversations import CHAT_ROLES, OrderProblem, is_text_part, order_problem
 from finetune_studio.training.datasets.errors import (
     NAMES_SHOWN,
     QUOTE_CHARS,
@@ -123,7 +124,7 @@ SHAPES = ("alpaca", "sharegpt", "chatml", "raw")
 CUSTOM = "custom"
 MAPPING_ROLES = ("system", "user", "assistant")
 
-CHATML_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
+CHATML_ROLES = CHAT_ROLES  # OpenAI's roles (finetune_studio.conversations), which the file store checks too
 SHAREGPT_ROLES = {
     "system": "system",
     "human": "user",
@@ -315,7 +316,7 @@ def _content(value: Any, at: str) -> str:
     if isinstance(value, list):  # OpenAI content parts
         texts = []
         for index, part in enumerate(value):
-            if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
+            if not is_text_part(part):
                 kind = quote(part.get("type")) if isinstance(part, dict) else repr(kind_of(part))
                 raise RowProblem(f"{at}[{index}] is a {kind} part; only text parts are supported", UNSUPPORTED_CONTENT)
             texts.append(part["text"])
@@ -327,40 +328,32 @@ def _content(value: Any, at: str) -> str:
 
 def check_order(roles: list[str], name: Callable[[int], str]) -> None:
     """Raise RowProblem (kind roles_out_of_order) when the turns break the order rules
-    in the module docstring."""
-    problem = _order_problem(roles, name)
-    if problem:
-        raise RowProblem(problem, ORDER)
+    in the module docstring (finetune_studio.conversations.order_problem)."""
+    problem = order_problem(roles)
+    if problem is not None:
+        raise RowProblem(_order_text(problem, name), ORDER)
 
 
-def _order_problem(roles: list[str], name: Callable[[int], str]) -> str:
-    previous: str | None = None
-    for index, role in enumerate(roles):
-        here = name(index)
-        if role == "system" and index:
-            return f"{here} is a system turn; a system turn may only come first"
-        if role == "user" and previous == "user":
-            return (
-                f"{name(index - 1)} and {here} are both user turns;"
-                " merge them or put the assistant's answer between them"
-            )
-        if role == "user" and previous == "tool":
-            return f"{here} is a user turn right after a tool turn; the assistant answers the tool first"
-        if role == "assistant" and previous in (None, "system"):
-            return f"{here} is an assistant turn before any user turn; a conversation starts with the user"
-        if role == "assistant" and previous == "assistant":
-            return f"{name(index - 1)} and {here} are both assistant turns; merge them or put a user turn between them"
-        if role == "tool" and previous not in ("assistant", "tool"):
-            return f"{here} is a tool turn that does not follow an assistant turn"
-        previous = role
-    if "assistant" not in roles:
-        return "the conversation has no assistant turn to learn from"
-    if previous != "assistant":
+def _order_text(problem: OrderProblem, name: Callable[[int], str]) -> str:
+    here = name(problem.index)
+    if problem.kind == "system_not_first":
+        return f"{here} is a system turn; a system turn may only come first"
+    if problem.kind == "repeated" and problem.role == "user":
         return (
-            f"the conversation ends with a {previous} turn ({name(len(roles) - 1)});"
-            " it must end with the assistant's answer"
+            f"{name(problem.index - 1)} and {here} are both user turns;"
+            " merge them or put the assistant's answer between them"
         )
-    return ""
+    if problem.kind == "repeated":
+        return f"{name(problem.index - 1)} and {here} are both assistant turns; merge them or put a user turn between them"
+    if problem.kind == "user_after_tool":
+        return f"{here} is a user turn right after a tool turn; the assistant answers the tool first"
+    if problem.kind == "assistant_before_user":
+        return f"{here} is an assistant turn before any user turn; a conversation starts with the user"
+    if problem.kind == "tool_without_assistant":
+        return f"{here} is a tool turn that does not follow an assistant turn"
+    if problem.kind == "no_assistant":
+        return "the conversation has no assistant turn to learn from"
+    return f"the conversation ends with a {problem.role} turn ({here}); it must end with the assistant's answer"
 
 
 # -- custom_format_mapping ------------------------------------------------------

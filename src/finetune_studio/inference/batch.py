@@ -1,0 +1,132 @@
+"""A decode batch: the running answers of one base (and lane) that advance together,
+one forward pass per step for all of them.
+
+The rows share one KV cache (transformers' `DynamicCache`, its key and value tensors
+`[rows, heads, columns, head_dim]` per layer), left-padded: row i's tokens are the
+last `columns - pads[i]` columns, and the columns before them are zeros that the
+attention mask hides. Each step feeds every row's last token at once, with the
+mask and each row's own position (the tokens it has), so a row computes what it
+would compute alone.
+
+- **Joining.** A request is prefilled alone, in a cache of its own, then joins: the
+  shorter of the two (the batch, or the newcomer) is padded on the left to the
+  other's width and the rows are stacked (one copy of the cache; transformers'
+  cache copies itself on every step anyway).
+- **Leaving.** A row that ends, fails or is cancelled is marked, and `compact()`
+  keeps the others (`index_select` on every layer's tensors), cutting the columns
+  that have become padding in every row; an empty batch holds no cache at all.
+
+This module knows the cache's layout only; what runs the forward pass is the
+model's (`BatchedModel.forward_rows`, models.py), and which requests share a batch
+is the engine's.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Protocol
+
+import torch
+
+
+class BatchedModel(Protocol):
+    """What a batch needs of its model (models.LoadedModel)."""
+
+    device: torch.device
+
+    def forward_rows(
+        self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor, cache: Any,
+        adapters: list[Optional[str]],
+    ) -> torch.Tensor:
+        """The float32 logits `[rows, vocab]` of the one new position of each row."""
+        ...
+
+
+def cache_layers(cache: Any) -> list[Any]:
+    """The layers of a cache whose keys and values are plain tensors (every layer of a
+    batchable model's cache, once it holds tokens)."""
+    return [layer for layer in getattr(cache, "layers", []) if isinstance(getattr(layer, "keys", None), torch.Tensor)]
+
+
+def _left_pad(tensor: torch.Tensor, columns: int) -> torch.Tensor:
+    if columns == 0:
+        return tensor
+    shape = (tensor.shape[0], tensor.shape[1], columns, tensor.shape[3])
+    return torch.cat([tensor.new_zeros(shape), tensor], dim=2)
+
+
+class Batch:
+    """The rows decoded together; see the module's docstring."""
+
+    def __init__(self, model: BatchedModel) -> None:
+        self.model = model
+        self.ids: list[str] = []  # the request of each row, in row order
+        self.adapters: list[Optional[str]] = []  # each row's adapter (None: the base)
+        self.pads: list[int] = []  # each row's padding columns, on the left
+        self.width = 0  # the cache's columns
+        self.cache: Any = None
+        self._leaving: set[str] = set()
+
+    def __len__(self) -> int:
+        return len(self.ids) - len(self._leaving)
+
+    @property
+    def members(self) -> list[str]:
+        """The requests in the batch (not those that left), row by row."""
+        return [request_id for request_id in self.ids if request_id not in self._leaving]
+
+    def join(self, request_id: str, adapter: Optional[str], cache: Any, tokens: int) -> None:
+        """Add a prefilled request: `cache` holds its `tokens` tokens (one row)."""
+        self.compact()
+        if self.cache is None:
+            self.cache, self.width, self.pads = cache, tokens, [0]
+        else:
+            grow = max(0, tokens - self.width)  # the batch's rows get this many more padding columns
+            pad = max(0, self.width - tokens)  # and the newcomer this many
+            for mine, theirs in zip(cache_layers(self.cache), cache_layers(cache), strict=True):
+                mine.keys = torch.cat([_left_pad(mine.keys, grow), _left_pad(theirs.keys, pad)], dim=0)
+                mine.values = torch.cat([_left_pad(mine.values, grow), _left_pad(theirs.values, pad)], dim=0)
+            self.pads = [p + grow for p in self.pads] + [pad]
+            self.width = max(self.width, tokens)
+        self.ids.append(request_id)
+        self.adapters.append(adapter)
+
+    def leave(self, request_id: str) -> None:
+        """Take a row out of the batch (its memory goes at the next `compact`)."""
+        if request_id in self.ids:
+            self._leaving.add(request_id)
+
+    def compact(self) -> None:
+        """Drop the rows that left, and the padding columns every remaining row has."""
+        if not self._leaving:
+            return
+        keep = [i for i, request_id in enumerate(self.ids) if request_id not in self._leaving]
+        self._leaving.clear()
+        if not keep:
+            self.ids, self.adapters, self.pads, self.width, self.cache = [], [], [], 0, None
+            return
+        cut = min(self.pads[i] for i in keep)
+        index = torch.tensor(keep, dtype=torch.long, device=self.model.device)
+        for layer in cache_layers(self.cache):
+            layer.keys = layer.keys[:, :, cut:].index_select(0, index)
+            layer.values = layer.values[:, :, cut:].index_select(0, index)
+        self.ids = [self.ids[i] for i in keep]
+        self.adapters = [self.adapters[i] for i in keep]
+        self.pads = [self.pads[i] - cut for i in keep]
+        self.width -= cut
+
+    def forward(self, tokens: list[int]) -> torch.Tensor:
+        """One step: `tokens[i]` (row i's last token) on top of each row; the float32
+        logits `[rows, vocab]` of the next token of every row."""
+        self.compact()
+        device = self.model.device
+        rows = len(self.ids)
+        input_ids = torch.tensor(tokens, dtype=torch.long, device=device).view(rows, 1)
+        position_ids = torch.tensor([self.width - pad for pad in self.pads], dtype=torch.long, device=device).view(rows, 1)
+        if any(self.pads):
+            columns = torch.arange(self.width + 1, device=device).view(1, -1)
+            attention_mask = (columns >= torch.tensor(self.pads, device=device).view(-1, 1)).long()
+        else:
+            attention_mask = torch.ones((rows, self.width + 1), dtype=torch.long, device=device)
+        logits = self.model.forward_rows(input_ids, position_ids, attention_mask, self.cache, self.adapters)
+        self.width += 1
+        return logits
