@@ -85,6 +85,24 @@ class Settings(BaseSettings):
         default=1, ge=1, description="Exports that run at the same time, beside training (an export never waits for a training job)."
     )
     max_queued_jobs: int = Field(default=1000, ge=1, description="Jobs waiting beyond this are refused.")
+    max_concurrent_evals: int = Field(
+        default=1, ge=1, description="Evaluations that run at the same time, beside training and exports (slots of their own)."
+    )
+    judge_key_envs: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description=(
+            "Names of the server's environment variables an evaluation's external judge may take its API key from"
+            " (`api_key_env`); none may be a FINETUNE_STUDIO_* variable. In the environment: names separated by ','"
+            " (or a JSON list)."
+        ),
+    )
+    judge_allowed_hosts: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description=(
+            "Hosts an exposed server lets an evaluation's judge `base_url` name (a loopback server lets it name any)."
+            " In the environment: names separated by ',' (or a JSON list)."
+        ),
+    )
     max_concurrent_inspections: int = Field(
         default=2, ge=1, description="Dataset inspections (POST /datasets/inspect) that run at once; more are refused (429)."
     )
@@ -211,6 +229,34 @@ class Settings(BaseSettings):
     def _names_are_host_names(cls, names: list[str]) -> list[str]:
         return [server_name(name) for name in names]
 
+    @field_validator("judge_key_envs", "judge_allowed_hosts", mode="before")
+    @classmethod
+    def _split_commas(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            text = value.strip()
+            if text.startswith("["):
+                return json.loads(text)
+            return [part.strip() for part in text.split(",") if part.strip()]
+        return value
+
+    @field_validator("judge_key_envs")
+    @classmethod
+    def _key_envs_are_not_settings(cls, names: list[str]) -> list[str]:
+        for name in names:
+            if name.upper().startswith("FINETUNE_STUDIO_"):
+                raise ValueError(
+                    f"FINETUNE_STUDIO_JUDGE_KEY_ENVS: {name} is one of the server's own settings, which no judge may"
+                    " read; list only the variables that hold judges' API keys (OPENAI_API_KEY, say)"
+                )
+            if not name.replace("_", "a").isalnum() or name[0].isdigit():
+                raise ValueError(f"FINETUNE_STUDIO_JUDGE_KEY_ENVS: {name!r} is not an environment variable's name")
+        return names
+
+    @field_validator("judge_allowed_hosts")
+    @classmethod
+    def _hosts_are_host_names(cls, names: list[str]) -> list[str]:
+        return [server_name(name) for name in names]
+
     # The data directory's layout is wire.DataDir's.
     @property
     def db_path(self) -> Path:
@@ -233,6 +279,18 @@ class Settings(BaseSettings):
     @property
     def exports_dir(self) -> Path:
         return DataDir(self.data_dir).exports
+
+    @property
+    def evals_dir(self) -> Path:
+        return DataDir(self.data_dir).evals
+
+    @property
+    def loopback_url(self) -> str:
+        """Where this server's own children reach it: its URL, with an address that listens on every
+        interface (0.0.0.0, ::) replaced by loopback's."""
+        host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(self.host, self.host)  # noqa: S104 (a bind address, compared)
+        host = f"[{host}]" if ":" in host else host
+        return f"http://{host}:{self.port}"
 
     @property
     def url(self) -> str:

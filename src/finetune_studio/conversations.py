@@ -30,7 +30,8 @@ DATASET_SUFFIXES = (".jsonl", ".json", ".csv", ".parquet", ".txt")
 
 OrderKind = Literal[
     "system_not_first",  # a system turn after the first
-    "repeated",  # two user turns, or two assistant turns, in a row
+    "two_user_turns",  # two user turns in a row
+    "two_assistant_turns",  # two assistant turns in a row
     "user_after_tool",  # the assistant answers a tool turn first
     "assistant_before_user",  # an assistant turn before any user turn
     "tool_without_assistant",  # a tool turn that follows no assistant turn
@@ -41,12 +42,18 @@ OrderKind = Literal[
 
 @dataclass(frozen=True)
 class OrderProblem:
-    """How the turns break the order: `kind`, at the turn `index` (whose role is `role`;
-    for `repeated`, the turn before it has the same role)."""
+    """How the turns break the order: `kind`, at the turn `index`, whose role is `role`."""
 
     kind: OrderKind
     index: int
     role: str
+
+    def text(self, words: Mapping[OrderKind, str], name: Callable[[int], str]) -> str:
+        """The problem in a side's own words: `words[kind]`, a template of {here} (the turn's
+        name, `name(index)`), {before} (the name of the turn before it) and {role}."""
+        here = name(self.index) if self.index >= 0 else ""  # -1: no turns at all
+        before = name(self.index - 1) if self.index > 0 else ""
+        return words[self.kind].format(here=here, before=before, role=self.role)
 
 
 def order_problem(roles: Sequence[str], last: Optional[str] = "assistant") -> Optional[OrderProblem]:
@@ -57,8 +64,10 @@ def order_problem(roles: Sequence[str], last: Optional[str] = "assistant") -> Op
         kind: Optional[OrderKind] = None
         if role == "system" and index:
             kind = "system_not_first"
-        elif role in ("user", "assistant") and role == previous:
-            kind = "repeated"
+        elif role == "user" and previous == "user":
+            kind = "two_user_turns"
+        elif role == "assistant" and previous == "assistant":
+            kind = "two_assistant_turns"
         elif role == "user" and previous == "tool":
             kind = "user_after_tool"
         elif role == "assistant" and previous in (None, "system"):
@@ -69,7 +78,7 @@ def order_problem(roles: Sequence[str], last: Optional[str] = "assistant") -> Op
             return OrderProblem(kind, index, role)
         previous = role
     if last == "assistant" and "assistant" not in roles:
-        return OrderProblem("no_assistant", max(len(roles) - 1, 0), previous or "")
+        return OrderProblem("no_assistant", len(roles) - 1, previous or "")
     if last is not None and roles and previous != last:
         return OrderProblem("wrong_last", len(roles) - 1, previous or "")
     return None

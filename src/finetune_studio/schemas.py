@@ -208,6 +208,124 @@ _METHOD_COLUMNS = {
 }
 
 
+# -- evaluation suites (docs/API.md, Evaluation) -------------------------------
+#
+# Defined before the training request, whose `eval_after` takes them. What each
+# suite measures is computed by the evaluation child (finetune_studio/evaluation/).
+
+MAX_EVAL_MODELS = 8
+MAX_EVAL_SUITES = 16
+# lm-evaluation-harness task names: letters, digits and `_.-` (a group or a single task).
+_TASK_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,199}$"
+# An environment variable's name, as POSIX shells spell them.
+_ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
+
+
+class HeldoutSuite(BaseModel):
+    """Held-out data in any shape and file type training reads: loss, perplexity and token
+    accuracy over the reference answers' tokens, and each model's greedy answer scored
+    against the reference (exact match, ROUGE-L, BLEU, chrF)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["heldout"]
+    data: list[PathText] = Field(min_length=1, max_length=64, description="Dataset files, read as training reads them.")
+    format_type: FormatType = Field(default="auto", description="The data's shape, as in a training request.")
+    custom_format_mapping: Optional[dict[str, str]] = Field(default=None, description="Column name to role, as in a training request.")
+    max_new_tokens: int = Field(default=128, ge=1, le=4096, description="The longest greedy answer, in tokens.")
+    limit: Optional[int] = Field(default=None, ge=1, description="Evaluate the first this many rows only.")
+
+
+class LmEvalSuite(BaseModel):
+    """lm-evaluation-harness tasks, run by lm-eval itself against each model through /v1/completions."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["lm_eval"]
+    tasks: list[Annotated[str, Field(pattern=_TASK_NAME)]] = Field(
+        min_length=1, max_length=32, description="Task (or group) names, of lm-eval's own or of tasks_dir's YAML files."
+    )
+    tasks_dir: Optional[PathText] = Field(default=None, description="A folder of task YAML files (with their data on this machine).")
+    num_fewshot: Optional[int] = Field(default=None, ge=0, le=64, description="Examples in each prompt (lm-eval's --num_fewshot).")
+    limit: Optional[float] = Field(
+        default=None, gt=0, allow_inf_nan=False,
+        description="Documents per task (lm-eval's --limit): a count, or below 1 a fraction of them.",
+    )
+
+    @field_validator("limit")
+    @classmethod
+    def _whole_count(cls, value: Optional[float]) -> Optional[float]:
+        if value is not None and value >= 1 and value != int(value):
+            raise ValueError("limit: a count of documents is a whole number (below 1 it is a fraction of them)")
+        return value
+
+
+class JudgeModel(BaseModel):
+    """The model that judges: one this server serves (no base_url), or any OpenAI-compatible endpoint."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = Field(min_length=1, max_length=512, description="The judge's model id.")
+    base_url: Optional[str] = Field(
+        default=None, max_length=2000, description="An OpenAI-compatible API (`https://host/v1`); unset: this server's /v1."
+    )
+    api_key_env: Optional[str] = Field(
+        default=None, pattern=_ENV_NAME,
+        description="The server's environment variable that holds the endpoint's API key (one the operator lists in"
+        " FINETUNE_STUDIO_JUDGE_KEY_ENVS); the key itself is never sent, stored or shown.",
+    )
+
+    @field_validator("base_url")
+    @classmethod
+    def _http_url(cls, value: Optional[str]) -> Optional[str]:
+        if value is None:
+            return value
+        text = value.strip()
+        if not re.match(r"^https?://[^/?#\s@]+(/[^\s?#]*)?$", text):
+            raise ValueError("judge.base_url: an http:// or https:// URL of an OpenAI-compatible API (https://host/v1), without credentials, query or fragment")
+        return text.rstrip("/")
+
+
+class JudgeSuite(BaseModel):
+    """Every model answers every prompt; the judge compares each model's answer with the first
+    model's, twice (positions swapped): a win, tie or loss per prompt."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["judge"]
+    prompts: PathText = Field(description="A file of prompts (`prompt`, and optionally `reference`), in any file type training reads.")
+    judge: JudgeModel
+    max_new_tokens: int = Field(default=256, ge=1, le=4096, description="The longest answer of each model, in tokens.")
+    limit: Optional[int] = Field(default=None, ge=1, description="Judge the first this many prompts only.")
+
+
+EvalSuite = Annotated[Union[HeldoutSuite, LmEvalSuite, JudgeSuite], Field(discriminator="type")]
+EVAL_SUITE_TYPES = ("heldout", "lm_eval", "judge")
+
+
+def suite_names(types: list[str]) -> list[str]:
+    """Each suite's name in the results (the first part of a metric's `suite/name`): its type,
+    and from the second suite of a type on, `type_2`, `type_3` ..."""
+    seen: dict[str, int] = {}
+    names = []
+    for kind in types:
+        seen[kind] = seen.get(kind, 0) + 1
+        names.append(kind if seen[kind] == 1 else f"{kind}_{seen[kind]}")
+    return names
+
+
+class EvalGuard(BaseModel):
+    """`eval_guard`: warn when the fine-tuned model falls behind its base by more than `max_drop`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    metric: str = Field(
+        min_length=3, max_length=300, pattern=r"^[A-Za-z0-9_]+/\S+$",
+        description='A metric of eval_after\'s results, "suite/name": heldout/loss, heldout/rouge_l, judge/win_rate ...',
+    )
+    max_drop: float = Field(ge=0, allow_inf_nan=False, description="How far (in the metric's units) the fine-tuned model may fall behind.")
+
+
 class TrainingStartRequest(BaseModel):
     """Request payload to start training (Unsloth Studio's request, text models).
 
@@ -314,6 +432,16 @@ class TrainingStartRequest(BaseModel):
         description='Extension. The dtype the job computes in: "auto" (bf16 autocast where bf16 is native: a GPU'
         ' with bf16, a CPU with AMX or AVX512-BF16; fp32 elsewhere), "bf16" or "fp32" (forced). With LoRA in bf16'
         " the frozen base weights are held in bf16 and the adapter's in fp32; details.precision says what ran and why.",
+    )
+    eval_after: list[EvalSuite] = Field(
+        default_factory=list, max_length=MAX_EVAL_SUITES,
+        description="Extension. Evaluation suites (as POST /eval/start takes them) run on the job against its base once"
+        " it completes: an evaluation queued by the completing status, whose id is its details.eval_id.",
+    )
+    eval_guard: Optional[EvalGuard] = Field(
+        default=None,
+        description="Extension. With eval_after: {metric, max_drop}, a warning when the fine-tuned model falls behind its"
+        " base on that metric by more than max_drop (the run does not fail).",
     )
 
     # training methods (docs/API.md, Training methods)
@@ -429,6 +557,22 @@ class TrainingStartRequest(BaseModel):
             raise ValueError(
                 "training_method kto needs batch_size 2 or more: its KL estimate pairs each prompt with another row's"
                 " completion in the same batch"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _check_eval_guard(self) -> TrainingStartRequest:
+        """eval_guard reads a metric of eval_after's results: it needs eval_after, and a suite of it."""
+        if self.eval_guard is None:
+            return self
+        if not self.eval_after:
+            raise ValueError("eval_guard reads the results of eval_after: add eval_after (the suites to run), or remove eval_guard")
+        names = suite_names([suite.type for suite in self.eval_after])
+        suite = self.eval_guard.metric.split("/", 1)[0]
+        if suite not in names:
+            raise ValueError(
+                f"eval_guard.metric {self.eval_guard.metric!r} names no suite of eval_after (its suites: {', '.join(names)});"
+                " write it as suite/name, e.g. heldout/loss"
             )
         return self
 
@@ -856,3 +1000,118 @@ class DatasetInspection(BaseModel):
     tokens: Optional[TokenStatistics] = Field(default=None, description="With model_name.")
     max_seq_length: int
     truncated_rows: Optional[int] = Field(default=None, description="Rows longer than max_seq_length (with model_name).")
+
+
+# -- evaluations (docs/API.md, Evaluation) --------------------------------------
+
+EvalPhase = Literal["idle", "loading_model", "evaluating", "judging", "completed", "error", "stopped"]
+# A model the evaluation compares: a job id (its adapter or model), `base:<job id>` (that job's
+# base model), or any id GET /v1/models lists.
+BASE_MODEL_PREFIX = "base:"
+
+
+class EvalStartRequest(BaseModel):
+    """`POST /eval/start`: evaluate one or more models on one or more suites."""
+
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+    models: list[Annotated[str, Field(min_length=1, max_length=512)]] = Field(
+        min_length=1, max_length=MAX_EVAL_MODELS,
+        description="Job ids (their adapter or model), base:<job id> (that job's base), or any id GET /v1/models"
+        " lists. The differences (and the judge) compare each with the first.",
+    )
+    suites: list[EvalSuite] = Field(min_length=1, max_length=MAX_EVAL_SUITES)
+    label: Optional[str] = Field(default=None, max_length=200, description="A free label shown with the evaluation.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _text_is_unicode(cls, data: Any) -> Any:
+        return refuse_invalid_text(cls.__name__, data)
+
+    @field_validator("models")
+    @classmethod
+    def _each_once(cls, models: list[str]) -> list[str]:
+        repeated = sorted({model for model in models if models.count(model) > 1})
+        if repeated:
+            raise ValueError(f"models: {', '.join(repr(m) for m in repeated)} named more than once; name each model once")
+        return models
+
+    def suite_names(self) -> list[str]:
+        return suite_names([suite.type for suite in self.suites])
+
+
+class EvalJobResponse(BaseModel):
+    eval_id: str
+    status: Literal["queued", "error"]
+    message: str
+    error: Optional[str] = None
+    field: Optional[str] = None  # a refusal's request field at fault (`models[1]`, `suites[0].data[0]`)
+
+
+class EvalStatus(BaseModel):
+    eval_id: str
+    phase: EvalPhase
+    is_running: bool
+    message: str
+    error: Optional[str] = None
+    details: Optional[dict[str, Any]] = None
+
+
+class EvalProgress(BaseModel):
+    """Samples done: each model's answer (or score) of one row, or one judged pair, counts one."""
+
+    step: int = Field(description="Samples done, over every suite and model.")
+    total_steps: int = Field(description="Samples in all (an lm_eval suite's are counted once lm-eval has built its requests).")
+    progress_percent: float
+    suite: Optional[str] = None  # the suite under way (heldout, lm_eval, judge, heldout_2 ...)
+    model: Optional[str] = None  # the model under way
+    elapsed_seconds: Optional[float] = None
+    eta_seconds: Optional[float] = None
+    timestamp: Optional[float] = None
+
+
+class EvalList(BaseModel):
+    data: list[EvalStatus]
+    count: int
+
+
+class EvalMetric(BaseModel):
+    """One row of the results table: a metric of one suite, for every model."""
+
+    suite: str
+    name: str = Field(description='"suite/name": heldout/loss, lm_eval/arc_easy/acc, judge/win_rate ...')
+    values: dict[str, Optional[float]] = Field(description="Each model's value (null: the model has none).")
+    ci95: dict[str, list[float]] = Field(default_factory=dict, description="Each value's 95% interval, [low, high].")
+    deltas: dict[str, float] = Field(default_factory=dict, description="Each model's value minus the first model's.")
+    deltas_ci95: dict[str, list[float]] = Field(default_factory=dict, description="Each difference's 95% interval (paired).")
+    higher_is_better: bool = True
+    samples: Optional[int] = Field(default=None, description="The samples the metric is computed over.")
+
+
+class EvalResults(BaseModel):
+    eval_id: str
+    models: list[str]
+    metrics: list[EvalMetric]
+    samples_url: str
+    warnings: list[str] = Field(default_factory=list)
+
+
+class EvalSampleRow(BaseModel):
+    """One sample of one suite, as every model answered it."""
+
+    suite: str
+    index: int
+    prompt: str
+    reference: Optional[str] = None
+    answers: dict[str, str] = Field(default_factory=dict)
+    scores: dict[str, dict[str, float]] = Field(default_factory=dict)
+    verdict: Optional[dict[str, Any]] = Field(
+        default=None, description="judge: per model compared, its outcome and the judge's two verdicts with their reasons."
+    )
+
+
+class EvalSamplePage(BaseModel):
+    data: list[EvalSampleRow]
+    total: int
+    offset: int
+    limit: int

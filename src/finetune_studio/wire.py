@@ -43,6 +43,11 @@ CHILD_ENV = {"PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB
 # The longest message line the server reads from a child; a child keeps its
 # messages far below it (bounded warnings and excerpts).
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+# What an evaluation's child leaves in its folder (`<data-dir>/evals/<id>/`) before it reports
+# `completed`, each written whole (atomic.py): the results table, and one JSON line per sample.
+# The server keeps both in SQLite (supervisor/eval_results.py) before it writes that status.
+EVAL_RESULTS_FILE = "results.json"
+EVAL_SAMPLES_FILE = "samples.jsonl"
 
 
 class StatusMessage(TypedDict):
@@ -131,6 +136,11 @@ class DataDir:
     def exports(self) -> Path:
         """Each export's files, in a folder named by its id."""
         return self.root / "exports"
+
+    @property
+    def evals(self) -> Path:
+        """Each evaluation's folder (its log, and the results its child writes), by its id."""
+        return self.root / "evals"
 
     @property
     def ray(self) -> Path:

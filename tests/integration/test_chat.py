@@ -58,7 +58,9 @@ def trained(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> Itera
     data = root / "phrase.jsonl"
     rows = [{"messages": [{"role": "user", "content": prompt}, {"role": "assistant", "content": PHRASE}]} for prompt in PROMPTS]
     data.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    server = ServerProcess(root / "data", env={"FINETUNE_STUDIO_TOKEN": TOKEN})
+    # The chat child answers in fp32, as the reference below is computed (auto: bf16 on a CPU with AMX).
+    server = ServerProcess(root / "data", env={"FINETUNE_STUDIO_TOKEN": TOKEN,
+                                               "FINETUNE_STUDIO_INFERENCE_PRECISION": "fp32"})
     server.start()
     try:
         with server.client(TOKEN) as client:

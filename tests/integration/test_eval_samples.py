@@ -29,7 +29,9 @@ def test_evaluated_steps_carry_the_models_answers_to_eval_prompts(server: Server
         last = max(i for i, m in enumerate(messages) if m["role"] == "assistant")
         expected.append(tokenizer.apply_chat_template(messages[:last], tokenize=False, add_generation_prompt=True))
 
-    common = {"local_eval_datasets": [str(EVAL_FILE)], "format_type": "auto", "max_steps": 4, "eval_steps": 0.5}
+    # precision fp32: the samples are compared with fp32 greedy answers below (auto is bf16 on a CPU with AMX).
+    common = {"local_eval_datasets": [str(EVAL_FILE)], "format_type": "auto", "max_steps": 4, "eval_steps": 0.5,
+              "precision": "fp32"}
     with server.client() as client:
         sampled = client.start(job_request(tiny_model, eval_sample_count=3, **common))
         off = client.start(job_request(tiny_model, eval_sample_count=0, **common))

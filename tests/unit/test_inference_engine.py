@@ -20,6 +20,7 @@ from typing import Any, Optional
 import pytest
 import torch
 
+from finetune_studio.inference import models
 from finetune_studio.inference.chat_model import BaseKey
 from finetune_studio.inference.engine import Engine
 from finetune_studio.inference.pool import ModelPool
@@ -32,12 +33,21 @@ QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 # -- fixtures ------------------------------------------------------------------
 
 
+@pytest.fixture(autouse=True)
+def fp32(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The engine answers in fp32 here (not bf16 where it is native), as the references are computed."""
+    monkeypatch.setattr(models, "PRECISION", "fp32")
+
+
 @pytest.fixture(scope="module")
 def lively_model(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny model with noise on its weights: its greedy answers vary token by token."""
+    return make_lively_model(tiny_model, tmp_path_factory.mktemp("lively") / "model")
+
+
+def make_lively_model(tiny_model: Path, directory: Path) -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    directory = tmp_path_factory.mktemp("lively") / "model"
     model = AutoModelForCausalLM.from_pretrained(str(tiny_model), dtype=torch.float32)
     noise = torch.Generator().manual_seed(0)
     with torch.no_grad():
@@ -71,11 +81,11 @@ def adapters(lively_model: Path, tmp_path_factory: pytest.TempPathFactory) -> tu
 
 def reference(base: Path, adapter: Optional[Path], messages: list[dict[str, str]], max_new_tokens: int) -> dict[str, Any]:
     """transformers + peft on their own: generate(do_sample=False) over the same chat template,
-    on the device and in the dtype the child uses (bf16 on a GPU that has it)."""
+    on the device the child uses, in fp32 (the engine is pinned to it here: `fp32`)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     cuda = torch.cuda.is_available()
-    dtype = torch.bfloat16 if cuda and torch.cuda.is_bf16_supported() else torch.float32
+    dtype = torch.float32
     tokenizer = AutoTokenizer.from_pretrained(str(base))
     model: Any = AutoModelForCausalLM.from_pretrained(str(base), dtype=dtype).to("cuda" if cuda else "cpu")
     if adapter is not None:

@@ -15,6 +15,9 @@ Two kinds of model id:
   through /v1/fine_tuning/jobs by this name, any other by its id), and each
   checkpoint's (`...:ckpt-step-<N>`: the base model plus that checkpoint's adapter).
 
+- `base:<job id>`: the base model that job trained on (its job file's), without the adapter:
+  what an evaluation compares a job with.
+
 - an export's GGUF file, `<export id>/<file name>` (api/served_exports.py): run by
   llama.cpp, as people will run the exported file.
 
@@ -40,7 +43,7 @@ from finetune_studio.errors import JobNotFound, ModelNotFound
 from finetune_studio.jobs.phases import RESULT_KEYS, has_result
 from finetune_studio.jobs.store import JobRecord, JobStore
 from finetune_studio.openai_wire import Model
-from finetune_studio.schemas import OPENAI_JOB
+from finetune_studio.schemas import BASE_MODEL_PREFIX, OPENAI_JOB
 from finetune_studio.wire import JobFolder, ModelRef
 
 _MODELS_HINT = "GET /v1/models lists what this server serves"
@@ -64,6 +67,8 @@ def served_models(store: JobStore) -> list[Model]:
 
 def resolve_model(store: JobStore, model_id: str) -> ModelRef:
     """What the inference child loads for `model_id`, or ModelNotFound saying why not."""
+    if model_id.startswith(BASE_MODEL_PREFIX):
+        return _base_of_job(store, model_id)
     named = parse_model_name(model_id)
     if named is not None:
         return _fine_tuned(store, model_id, named)
@@ -83,6 +88,22 @@ def resolve_model(store: JobStore, model_id: str) -> ModelRef:
     if kind == "model_dir":  # full fine-tuning: the saved model is a base of its own
         return {"base": {"kind": "folder", "location": str(folder)}, "adapter": None, "trust_remote_code": trust}
     return {"base": _base_of(job, record), "adapter": str(folder), "trust_remote_code": trust}
+
+
+def _base_of_job(store: JobStore, model_id: str) -> ModelRef:
+    """`base:<job id>`: the base model that job trained on, as its job file names it, alone."""
+    job_id = model_id[len(BASE_MODEL_PREFIX):]
+    try:
+        job = store.get_job(job_id, kind="train")
+    except JobNotFound:
+        raise ModelNotFound(f"the model {model_id!r} names job {job_id!r}, which does not exist; {_MODELS_HINT}") from None
+    if not JobFolder(Path(job.output_dir)).job_file.is_file():
+        raise ModelNotFound(
+            f"job {job.id} has not loaded its base model yet (it is {job.phase}), so {model_id!r} names nothing to serve;"
+            f" {_MODELS_HINT}"
+        )
+    record = _job_file(job)
+    return {"base": _base_of(job, record), "adapter": None, "trust_remote_code": bool(record.get("trust_remote_code", False))}
 
 
 def _fine_tuned(store: JobStore, model_id: str, named: ModelName) -> ModelRef:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Optional, get_args
 
-from finetune_studio.conversations import CHAT_ROLES, DATASET_SUFFIXES, OrderProblem, is_text_part, order_problem
+from finetune_studio.conversations import CHAT_ROLES, DATASET_SUFFIXES, OrderKind, is_text_part, order_problem
 from finetune_studio.errors import InvalidFile
 
 Purpose = Literal["fine-tune", "studio"]
@@ -216,26 +216,31 @@ def _message(message: Any, at: str) -> str:
     return CHAT_ROLES[role]
 
 
+# The turn order's problems (finetune_studio.conversations) in an upload's words.
+_ENDS = "ends with a {role} message ({here}); it must end with the assistant's"
+_ORDER_WORDS: dict[OrderKind, str] = {
+    "system_not_first": "has a system message at {here}; a system message may only come first",
+    "two_user_turns": "has two user messages in a row ({before} and {here}): merge them",
+    "two_assistant_turns": "has two assistant messages in a row ({before} and {here}): merge them",
+    "assistant_before_user": "has an assistant message at {here} before any user message",
+    "user_after_tool": "has a tool message before {here}",  # never: tool messages are refused first
+    "tool_without_assistant": "has a tool message at {here}",  # never, as above
+    "no_assistant": _ENDS,
+    "wrong_last": _ENDS,
+}
+# A preference row's input ends with the user's message, which its outputs answer.
+_INPUT_WORDS: dict[OrderKind, str] = {
+    **_ORDER_WORDS,
+    "wrong_last": "input.messages ends with a {role} message; it must end with the user's, which the outputs answer",
+}
+
+
 def _check_order(roles: list[str], last: str, where: str = "messages") -> None:
     """The turn order (finetune_studio.conversations), ending with `last`'s message."""
     problem = order_problem(roles, last)
     if problem is not None:
-        raise _RowProblem(_order_text(problem, last, where))
-
-
-def _order_text(problem: OrderProblem, last: str, where: str) -> str:
-    here = f"{where}[{problem.index}]"
-    if problem.kind == "system_not_first":
-        return f"has a system message at {here}; a system message may only come first"
-    if problem.kind == "repeated":
-        return f"has two {problem.role} messages in a row ({where}[{problem.index - 1}] and {here}): merge them"
-    if problem.kind == "assistant_before_user":
-        return f"has an assistant message at {here} before any user message"
-    if problem.kind in ("no_assistant", "wrong_last") and last == "user":
-        return f"{where} ends with a {problem.role} message; it must end with the user's, which the outputs answer"
-    if problem.kind in ("no_assistant", "wrong_last"):
-        return f"ends with a {problem.role} message ({here}); it must end with the assistant's"
-    return f"has its messages out of order at {here} ({problem.kind.replace('_', ' ')})"  # tool turns: refused before
+        words = _INPUT_WORDS if last == "user" else _ORDER_WORDS
+        raise _RowProblem(problem.text(words, lambda index: f"{where}[{index}]"))
 
 
 def _kind(value: Any) -> str:

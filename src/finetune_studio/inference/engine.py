@@ -194,6 +194,11 @@ class Engine:
         """The requests not started yet, in the order they start."""
         return [request.id for request in self._requests.values() if request.run is None]
 
+    @property
+    def decode_batches(self) -> list[Batch]:
+        """The batches that decode now, one per base and lane."""
+        return list(self._batches.values())
+
     def batches(self) -> list[list[str]]:
         """The requests of each decode batch, row by row."""
         return [batch.members for batch in self._batches.values()]

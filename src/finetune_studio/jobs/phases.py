@@ -30,6 +30,13 @@ So `gguf` of a LoRA job goes loading_model -> merging -> converting [-> quantizi
 converting; `merged_16bit` ends after merging. A child converts every file it
 converts before it quantizes any, so there is no edge back from quantizing.
 
+An evaluation (kind `eval`, docs/PHASES.md, Evaluations):
+
+    idle --> loading_model --> evaluating (again per suite) --+--> judging --> completed
+                                                              +--------------> completed
+
+    and error | stopped from idle and from every running phase.
+
 Every phase change in the system goes through `JobStore.transition`, which only
 updates a row whose current phase is one its kind's table allows.
 """
@@ -39,9 +46,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal, get_args
 
-from finetune_studio.schemas import ExportPhase, Phase
+from finetune_studio.schemas import EvalPhase, ExportPhase, Phase
 
-JobKind = Literal["train", "export"]
+JobKind = Literal["train", "export", "eval"]
 KINDS: tuple[str, ...] = get_args(JobKind)
 
 PHASES: tuple[str, ...] = get_args(Phase)
@@ -89,13 +96,30 @@ EXPORT_ALLOWED_FROM: dict[str, frozenset[str]] = {
     "idle": frozenset({"idle"}),
 }
 
+# An evaluation (kind `eval`, docs/PHASES.md, Evaluations): the child checks the models and
+# loads what scores them, answers and scores every suite (`evaluating`, said again per suite),
+# then has the judge compare the answers (`judging`, judge suites only).
+EVAL_PHASES: tuple[str, ...] = get_args(EvalPhase)
+EVAL_RUNNING: frozenset[str] = frozenset({"loading_model", "evaluating", "judging"})
+EVAL_ALLOWED_FROM: dict[str, frozenset[str]] = {
+    "loading_model": frozenset({"idle"}),
+    "evaluating": frozenset({"loading_model", "evaluating"}),
+    "judging": frozenset({"evaluating", "judging"}),
+    "completed": frozenset({"evaluating", "judging"}),
+    "error": frozenset({"idle"}) | EVAL_RUNNING,
+    "stopped": frozenset({"idle"}) | EVAL_RUNNING,
+}
+
 # Per kind: its phases, its running phases, its table, and the phases that take progress events.
-PHASES_OF: dict[str, tuple[str, ...]] = {"train": PHASES, "export": EXPORT_PHASES}
-RUNNING_OF: dict[str, frozenset[str]] = {"train": RUNNING, "export": EXPORT_RUNNING}
-ALLOWED_FROM_OF: dict[str, dict[str, frozenset[str]]] = {"train": ALLOWED_FROM, "export": EXPORT_ALLOWED_FROM}
+PHASES_OF: dict[str, tuple[str, ...]] = {"train": PHASES, "export": EXPORT_PHASES, "eval": EVAL_PHASES}
+RUNNING_OF: dict[str, frozenset[str]] = {"train": RUNNING, "export": EXPORT_RUNNING, "eval": EVAL_RUNNING}
+ALLOWED_FROM_OF: dict[str, dict[str, frozenset[str]]] = {
+    "train": ALLOWED_FROM, "export": EXPORT_ALLOWED_FROM, "eval": EVAL_ALLOWED_FROM,
+}
 PROGRESS_PHASES: dict[str, frozenset[str]] = {
     "train": frozenset({"training"}),
     "export": frozenset({"merging", "converting", "quantizing"}),
+    "eval": frozenset({"evaluating", "judging"}),
 }
 
 

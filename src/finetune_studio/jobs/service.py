@@ -22,10 +22,14 @@ from typing import Any, Optional, Union, cast
 from finetune_studio.bounds import bound_status
 from finetune_studio.errors import InvalidTransition, JobNotFound, StorageFailed, StudioError
 from finetune_studio.jobs.feed import CHUNK_BYTES, FRAME_OVERHEAD, KEEPALIVE, EventFeed, sse_frame
-from finetune_studio.jobs.phases import EXPORT_RUNNING, PHASES_OF, TERMINAL
+from finetune_studio.jobs.evaluations import eval_join
+from finetune_studio.jobs.phases import EVAL_RUNNING, EXPORT_RUNNING, PHASES_OF, TERMINAL
 from finetune_studio.jobs.store import JobRecord, JobStore, StoredEvent
 from finetune_studio.jobs.summary import summarize
 from finetune_studio.schemas import (
+    EvalPhase,
+    EvalProgress,
+    EvalStatus,
     ExportPhase,
     ExportProgress,
     ExportStatus,
@@ -59,6 +63,16 @@ def make_status(
     if phase not in phases:
         raise InvalidTransition(f"job {job_id} cannot go to {phase!r}: not a phase (phases: {', '.join(phases)})")
     message, error, details = bound_status(message, error, details)
+    if kind == "eval":
+        evaluation = EvalStatus(
+            eval_id=job_id,
+            phase=cast(EvalPhase, phase),
+            is_running=phase in EVAL_RUNNING,
+            message=message,
+            error=error,
+            details={**(details or {}), "time": round(time.time(), 6)},
+        )
+        return evaluation.model_dump()
     if kind == "export":
         export = ExportStatus(
             export_id=job_id,
@@ -82,7 +96,7 @@ def make_status(
 
 
 def _show_queue_position(
-    status: Union[TrainingStatus, ExportStatus], job: JobRecord, queue_position: Optional[int]
+    status: Union[TrainingStatus, ExportStatus, EvalStatus], job: JobRecord, queue_position: Optional[int]
 ) -> None:
     """A queued job's status says its place in its queue: in the message and in
     `details.queue_position` (the same number). An export waiting for llama.cpp's
@@ -102,12 +116,18 @@ REPLAY_PAGE = 5000
 
 class JobService:
     def __init__(
-        self, store: JobStore, jobs_dir: Path, keepalive_seconds: float = 15.0, exports_dir: Optional[Path] = None
+        self,
+        store: JobStore,
+        jobs_dir: Path,
+        keepalive_seconds: float = 15.0,
+        exports_dir: Optional[Path] = None,
+        evals_dir: Optional[Path] = None,
     ) -> None:
         self.store = store
         self.jobs_dir = jobs_dir
-        # An export's files live in <data dir>/exports/<export id>/, beside jobs/.
+        # An export's files live in <data dir>/exports/<export id>/, beside jobs/; an evaluation's in evals/<id>/.
         self.exports_dir = exports_dir or DataDir.of_jobs(jobs_dir).exports
+        self.evals_dir = evals_dir or DataDir.of_jobs(jobs_dir).evals
         self.keepalive_seconds = keepalive_seconds
         # The feeds of unfinished jobs that have had an event or a reader since the
         # server started; a finished job's feed is dropped (its readers keep theirs).
@@ -127,7 +147,7 @@ class JobService:
         job_id = new_job_id()
         # The output folder is the server's choice alone (never a path from the
         # request): the data dir's jobs/<random hex id> (exports/<id> for an export).
-        parent = self.exports_dir if kind == "export" else self.jobs_dir
+        parent = {"export": self.exports_dir, "eval": self.evals_dir}.get(kind, self.jobs_dir)
         output_dir = parent / job_id
         if output_dir.resolve().parent != parent.resolve():
             raise StudioError(f"refusing an output folder outside {parent}: {output_dir}")
@@ -206,6 +226,8 @@ class JobService:
         """One step of a job of `kind` (a TrainingProgress; an ExportProgress for an export)."""
         if kind == "export":
             payload = ExportProgress.model_validate(progress).model_dump(exclude_none=True)
+        elif kind == "eval":
+            payload = EvalProgress.model_validate(progress).model_dump(exclude_none=True)
         else:
             # Unset metrics are left out, and so is `loss_finite` while it is true; `loss`
             # is always there (null when the step's loss was not finite).
@@ -320,6 +342,15 @@ class JobService:
         if with_summary and job.phase == "training":
             summary = self.summary(job.id, job.request, ended=time.time())
             status.details = {**(status.details or {}), "summary": summary}
+        if (status.details or {}).get("eval_id"):
+            # eval_after's evaluation, joined when read (its job's stream is closed): its summary and the guard.
+            status.details = eval_join(self.store, job, dict(status.details or {}))
+        return status
+
+    def eval_status_of(self, job: JobRecord, queue_position: Optional[int] = None) -> EvalStatus:
+        """An evaluation's current status; a queued one's place among the queued evaluations."""
+        status = EvalStatus.model_validate(job.status)
+        _show_queue_position(status, job, queue_position)
         return status
 
     def export_status_of(self, job: JobRecord, queue_position: Optional[int] = None) -> ExportStatus:

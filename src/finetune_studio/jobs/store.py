@@ -15,6 +15,7 @@ import dataclasses
 import json
 import sqlite3
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -84,6 +85,23 @@ MIGRATIONS: tuple[str, ...] = (
     # 4: one row the server rewrites to learn whether writes get through again (JobStore.probe_write)
     """
     CREATE TABLE write_probe (id INTEGER PRIMARY KEY CHECK (id = 1), at REAL NOT NULL);
+    """,
+    # 5: a finished evaluation's results (the table of metrics) and its per-sample rows (jobs of kind `eval`)
+    """
+    CREATE TABLE eval_results (
+        eval_id       TEXT PRIMARY KEY,
+        created_at    REAL NOT NULL,
+        results_json  TEXT NOT NULL
+    );
+    CREATE TABLE eval_samples (
+        eval_id    TEXT NOT NULL,
+        seq        INTEGER NOT NULL,
+        suite      TEXT NOT NULL,
+        idx        INTEGER NOT NULL,
+        data_json  TEXT NOT NULL,
+        PRIMARY KEY (eval_id, seq)
+    ) WITHOUT ROWID;
+    CREATE INDEX eval_samples_suite ON eval_samples (eval_id, suite, seq);
     """,
 )
 
@@ -299,10 +317,52 @@ class JobStore:
                     raise JobNotFinished(f"job {job_id} is {phase}: stop it first, or wait until it has finished")
             for job_id in job_ids:
                 self._db.execute("DELETE FROM events WHERE job_id = ?", (job_id,))
+                self._db.execute("DELETE FROM eval_results WHERE eval_id = ?", (job_id,))
+                self._db.execute("DELETE FROM eval_samples WHERE eval_id = ?", (job_id,))
                 self._db.execute(
                     f"DELETE FROM jobs WHERE id = ? AND phase IN ({marks})",  # noqa: S608 (placeholders only)
                     (job_id, *sorted(TERMINAL)),
                 )
+
+    def save_eval_results(self, eval_id: str, results: dict[str, Any], samples: Iterable[dict[str, Any]]) -> int:
+        """Keep a finished evaluation's results and its per-sample rows (each with `suite` and
+        `index`), replacing any kept before, in one transaction; returns the rows kept."""
+        now = time.time()
+        count = 0
+        with self.health.writing(), self._db:
+            self._db.execute("BEGIN IMMEDIATE")
+            self._db.execute("DELETE FROM eval_samples WHERE eval_id = ?", (eval_id,))
+            self._db.execute(
+                "INSERT INTO eval_results (eval_id, created_at, results_json) VALUES (?, ?, ?)"
+                " ON CONFLICT (eval_id) DO UPDATE SET created_at = excluded.created_at, results_json = excluded.results_json",
+                (eval_id, now, _dumps(results)),
+            )
+            for count, row in enumerate(samples, start=1):
+                self._db.execute(
+                    "INSERT INTO eval_samples (eval_id, seq, suite, idx, data_json) VALUES (?, ?, ?, ?, ?)",
+                    (eval_id, count, str(row.get("suite", "")), int(row.get("index", 0)), _dumps(row)),
+                )
+        return count
+
+    def eval_results(self, eval_id: str) -> Optional[dict[str, Any]]:
+        """A finished evaluation's results as kept (None: none were kept)."""
+        row = self._db.execute("SELECT results_json FROM eval_results WHERE eval_id = ?", (eval_id,)).fetchone()
+        return _loads(row[0]) if row is not None else None
+
+    def eval_samples(
+        self, eval_id: str, suite: Optional[str] = None, offset: int = 0, limit: int = 100
+    ) -> tuple[list[dict[str, Any]], int]:
+        """A page of an evaluation's per-sample rows (of one suite, or of all in order), and how many there are."""
+        where, params = "eval_id = ?", [eval_id]
+        if suite is not None:
+            where += " AND suite = ?"
+            params.append(suite)
+        total = int(self._db.execute(f"SELECT COUNT(*) FROM eval_samples WHERE {where}", params).fetchone()[0])  # noqa: S608 (placeholders only)
+        rows = self._db.execute(
+            f"SELECT data_json FROM eval_samples WHERE {where} ORDER BY seq LIMIT ? OFFSET ?",  # noqa: S608 (placeholders only)
+            (*params, limit, offset),
+        )
+        return [_loads(row[0]) for row in rows], total
 
     def probe_write(self) -> bool:
         """Write one small row: True when it got through (and the health is `ok` again),

@@ -29,7 +29,9 @@ EXPORT_MODULE = "finetune_studio.export.child"
 # Modules whose processes are the server's workers, for telling an orphan from a reused pid.
 # The Ray driver of a training job on a cluster (supervisor/ray_launcher.py): the same wire too.
 RAY_DRIVER_MODULE = "finetune_studio.ray_train.driver"
-WORKER_MODULES: tuple[str, ...] = (CHILD_MODULE, EXPORT_MODULE, RAY_DRIVER_MODULE)
+# An evaluation's child (docs/PROCESSES.md): the same wire; it reaches the models through the server's /v1.
+EVAL_MODULE = "finetune_studio.evaluation.child"
+WORKER_MODULES: tuple[str, ...] = (CHILD_MODULE, EXPORT_MODULE, RAY_DRIVER_MODULE, EVAL_MODULE)
 # The server's own settings (FINETUNE_STUDIO_TOKEN above all) stay with the server,
 # but for those meant for the children too (where the export child finds llama.cpp's tools).
 SERVER_PREFIX = "FINETUNE_STUDIO_"

@@ -16,6 +16,9 @@ phase:
 Either way the job's details name its last complete checkpoint (to resume from)
 and any result a child saved as it went away.
 
+An evaluation ends the same way (`stopped` or `error` with `server_restarted`) and is
+not requeued either.
+
 An export is not requeued: it ends the same way (`stopped` if its stop had been
 asked for, else `error` with `server_restarted`), and every file its child had
 begun is removed (`remove_export_files`), so nothing half-written is left or
@@ -54,6 +57,8 @@ def recover_jobs(service: JobService) -> None:
             continue
         if job.kind == "export":
             _end_export(service, job)
+        elif job.kind == "eval":
+            _end_eval(service, job)
         else:
             _end(service, job)
 
@@ -88,6 +93,25 @@ def _end_export(service: JobService, job: JobRecord) -> None:
         "The server stopped while this export was running",
         error=f"The server stopped while this export was in {job.phase}; its unfinished files were removed."
         " Start the export again (POST /export/start with the same job_id and format).",
+        details={**details, "error_code": "server_restarted"},
+    )
+
+
+def _end_eval(service: JobService, job: JobRecord) -> None:
+    """An evaluation that was running: as a training job, `stopped` if its stop had been asked for,
+    else `error` with `server_restarted`; not requeued (its answers were the dead server's to keep)."""
+    details: dict[str, Any] = {"output_dir": job.output_dir}
+    if job.stop_requested:
+        service.transition(
+            job.id, "stopped", f"Stopped: the server went away while the evaluation was stopping in {job.phase}", details=details
+        )
+        return
+    service.transition(
+        job.id,
+        "error",
+        "The server stopped while this evaluation was running",
+        error=f"The server stopped while this evaluation was in {job.phase}. Start it again (POST /eval/start with the"
+        " same models and suites); nothing of this one was kept.",
         details={**details, "error_code": "server_restarted"},
     )
 

@@ -56,6 +56,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,13 +64,23 @@ from typing import Any, Optional, TypeVar
 
 from finetune_studio import failures, llama_build
 from finetune_studio.config import Settings
-from finetune_studio.errors import InvalidTransition, JobAlreadyFinished, NotPausable, StorageFailed
+from finetune_studio.errors import InvalidTransition, JobAlreadyFinished, ModelNotFound, NotPausable, StorageFailed
 from finetune_studio.failures import storage_fault
 from finetune_studio.jobs.phases import KINDS, is_terminal
 from finetune_studio.jobs.service import JobService
 from finetune_studio.jobs.store import JobRecord
-from finetune_studio.schemas import OPENAI_JOB, QUEUED_WARNINGS, WITHHELD_SECRETS, ExportStatus, TrainingStatus
+from finetune_studio.schemas import (
+    BASE_MODEL_PREFIX,
+    OPENAI_JOB,
+    QUEUED_WARNINGS,
+    WITHHELD_SECRETS,
+    EvalStatus,
+    ExportStatus,
+    TrainingStatus,
+)
+from finetune_studio.supervisor import eval_results
 from finetune_studio.supervisor.launcher import (
+    EVAL_MODULE,
     EXPORT_MODULE,
     LocalProcessLauncher,
     WorkerExit,
@@ -85,10 +96,13 @@ log = logging.getLogger("finetune_studio.supervisor")
 
 
 # The status a stop answers with, of either kind.
-_Status = TypeVar("_Status", TrainingStatus, ExportStatus)
+_Status = TypeVar("_Status", TrainingStatus, ExportStatus, EvalStatus)
 # What each kind's worker is called in messages.
-_WORKER_NAME = {"train": "the training process", "export": "the export process"}
-_FAILED = {"train": "Training failed", "export": "Export failed"}
+_WORKER_NAME = {"train": "the training process", "export": "the export process", "eval": "the evaluation process"}
+_FAILED = {"train": "Training failed", "export": "Export failed", "eval": "Evaluation failed"}
+# An evaluation's models as its child reaches them: model ids -> one {id, tokenizer, trust_remote_code}
+# each, or ModelNotFound (api/routes/evaluation.py's, which create_app hands over).
+ResolveModels = Callable[[list[str]], list[dict[str, Any]]]
 # The scheduler's pause after a failed start, doubled by each failure in a row.
 START_BACKOFF_SECONDS = 0.5
 MAX_BACKOFF_SECONDS = 60.0
@@ -121,19 +135,29 @@ class Supervisor:
         *,
         export_launcher: Optional[WorkerLauncher] = None,
         export_tools_problem: Optional[Callable[[], Optional[str]]] = None,
+        eval_launcher: Optional[WorkerLauncher] = None,
+        eval_models: Optional[ResolveModels] = None,
     ) -> None:
         """`launcher` starts training jobs; `export_launcher` exports (default: a local
         `python -m finetune_studio.export.child`). `export_tools_problem` says what GGUF
         exports lack (None: nothing), for those admitted while llama.cpp's build was under
-        way, which wait for it (`_tools_ready`); without it they start at once."""
+        way, which wait for it (`_tools_ready`); without it they start at once. `eval_launcher`
+        starts evaluations (default: a local `python -m finetune_studio.evaluation.child`), whose
+        models `eval_models` resolves as each starts (without it, each id is passed on as it is)."""
         self.service = service
         self.launcher = launcher
         self.settings = settings
         self.launchers: dict[str, WorkerLauncher] = {
             "train": launcher,
             "export": export_launcher or LocalProcessLauncher(settings.worker_python, module=EXPORT_MODULE),
+            "eval": eval_launcher or LocalProcessLauncher(settings.worker_python, module=EVAL_MODULE),
         }
-        self.slots: dict[str, int] = {"train": settings.max_concurrent_jobs, "export": settings.max_concurrent_exports}
+        self.slots: dict[str, int] = {
+            "train": settings.max_concurrent_jobs,
+            "export": settings.max_concurrent_exports,
+            "eval": settings.max_concurrent_evals,
+        }
+        self._eval_models = eval_models
         self._export_tools_problem = export_tools_problem
         self._active: dict[str, ActiveJob] = {}
         # The secrets (hf_token, wandb_token) of queued jobs, held in memory only:
@@ -298,9 +322,10 @@ class Supervisor:
 
     def _prepare(self, job: JobRecord) -> ActiveJob:
         """The request a queued job's worker gets: as stored, with its secrets put back."""
-        if job.kind == "export":
+        if job.kind in ("export", "eval"):
             # Stored complete by the route (source_dir and quantizations included); it holds no secret.
-            return ActiveJob(job.id, dict(job.request), kind="export")
+            # An evaluation's credentials and resolved models are added as it launches (`_eval_spec`).
+            return ActiveJob(job.id, dict(job.request), kind=job.kind)
         request = {k: v for k, v in job.request.items() if k not in (WITHHELD_SECRETS, QUEUED_WARNINGS, OPENAI_JOB)}
         secrets = self._secrets.pop(job.id, {})
         request.update(secrets)
@@ -348,6 +373,11 @@ class Supervisor:
     async def _drive(self, active: ActiveJob) -> None:
         job_id = active.job_id
         job = self.service.store.get_job(job_id)
+        if active.kind == "eval":
+            problem = self._eval_spec(active)
+            if problem is not None:  # a model deleted meanwhile, a judge's key gone: it ends before it starts
+                self._end_if_unfinished(job_id, "error", problem[0], problem[1])
+                return
         spec = WorkerSpec(job_id=job_id, output_dir=Path(job.output_dir), request=active.request, warnings=active.notes)
         worker = _WORKER_NAME[active.kind]
         try:
@@ -375,6 +405,9 @@ class Supervisor:
 
         async for message in handle.messages():
             try:
+                if active.kind == "eval" and message.get("type") == "status" and message.get("phase") == "completed":
+                    # Its results are kept before the status that says so (or it ends `error`, saying why).
+                    message = await eval_results.keep(self.service.store, active.job_id, Path(job.output_dir), message)
                 self._apply(active, message)
             except StorageFailed:
                 handle.kill()  # a run whose state cannot be kept is ended (and its end held)
@@ -411,6 +444,11 @@ class Supervisor:
                     phase, text = "stopped", f"Stopped after its last step ({text})"
                 if phase == "stopped" and active.pause_requested:
                     text, details = _paused(details)
+                if (
+                    phase == "completed" and active.kind == "train" and active.request.get("eval_after")
+                    and self.service.store.get_job(job_id).phase == "training"  # the completing transition will be taken
+                ):
+                    details = {**(details or {}), "eval_id": self._queue_eval_after(active)}
                 try:
                     self.service.transition(job_id, phase, text, error=message.get("error"), details=details)
                 except StorageFailed as exc:
@@ -463,6 +501,69 @@ class Supervisor:
             first="Stop requested; the job stops after its current step and saves what it trained",
             again="A stop was already requested; the job stops after its current step",
         )
+
+    async def stop_eval(self, eval_id: str) -> EvalStatus:
+        """Stop an evaluation: a queued one at once; a running one ends `stopped` (nothing of it is kept)."""
+        running, already = await self._stop(self.service.store.get_job(eval_id, kind="eval"))
+        return _stop_answer(
+            self.service.eval_status_of(self.service.store.get_job(eval_id)),
+            running,
+            already,
+            first="Stop requested; the evaluation stops after the request under way",
+            again="A stop was already requested; the evaluation stops after the request under way",
+        )
+
+    # -- evaluations ----------------------------------------------------------
+
+    def _eval_spec(self, active: ActiveJob) -> Optional[tuple[str, str]]:
+        """Complete an evaluation's request for its child (never stored): its models as the child
+        reaches them, the server's URL and token, and each external judge's API key from the
+        server's environment. Returns (error code, text) when it cannot run."""
+        request = active.request
+        models = [str(model) for model in request.get("models", [])]
+        try:
+            resolved = self._eval_models(models) if self._eval_models is not None else [{"id": m} for m in models]
+        except ModelNotFound as exc:
+            return "model_not_found", f"{exc} (was it deleted since the evaluation was queued?)"
+        keys: dict[str, str] = {}
+        for index, suite in enumerate(request.get("suites", [])):
+            name = ((suite.get("judge") or {}).get("api_key_env") if isinstance(suite, dict) else None) or None
+            if name is None:
+                continue
+            if name not in self.settings.judge_key_envs:
+                return "config_invalid", (
+                    f"suites[{index}].judge.api_key_env: {name} is not one of the variables this server lets judges read"
+                    " (FINETUNE_STUDIO_JUDGE_KEY_ENVS); ask the operator to list it, or name another"
+                )
+            value = os.environ.get(name)
+            if not value:
+                return "config_invalid", (
+                    f"suites[{index}].judge.api_key_env: the server's environment has no {name} (or it is empty);"
+                    f" set it where the server runs and restart it, or name another variable"
+                )
+            keys[str(index)] = value
+        token = self.settings.token.get_secret_value() if self.settings.token is not None else None
+        request["resolved_models"] = resolved
+        request["server"] = {"url": self.settings.loopback_url, "token": token}
+        request["judge_keys"] = keys
+        return None
+
+    def _queue_eval_after(self, active: ActiveJob) -> Optional[str]:
+        """Queue `eval_after`'s evaluation of a completing training job against its base; its id
+        goes into the completing status (`details.eval_id`). None when it cannot be queued."""
+        job_id = active.job_id
+        models = [job_id, f"{BASE_MODEL_PREFIX}{job_id}"]
+        stored = {"models": models, "suites": active.request.get("eval_after"), "label": f"eval_after of job {job_id}",
+                  "after_job": job_id}
+        try:
+            evaluation = self.service.create_job(
+                stored, message="Queued", details={"models": models, "label": stored["label"], "after_job": job_id}, kind="eval"
+            )
+        except StorageFailed as exc:
+            log.warning("the evaluation of job %s (eval_after) was not queued: %s", job_id, exc)
+            return None
+        self._wake.set()
+        return evaluation.id
 
     async def stop_export(self, export_id: str) -> ExportStatus:
         """Stop an export: a queued one at once; a running one ends `stopped` with its partial files removed."""
@@ -602,6 +703,8 @@ def _paused(details: Optional[dict[str, Any]]) -> tuple[str, dict[str, Any]]:
 def _death_advice(exit_info: WorkerExit, kind: str = "train") -> str:
     if exit_info.signal_name != "SIGKILL":
         return ""
+    if kind == "eval":  # it holds no model: the models run in the chat process
+        return " If no one killed it, the system most likely ran out of memory (the kernel's OOM killer)."
     advice = failures.advice("out_of_memory", "train" if kind == "train" else "export")
     return f" If no one killed it, the system most likely ran out of memory (the kernel's OOM killer). {advice}"
 

@@ -11,6 +11,9 @@
 //   runtools.js  a run's settings, Run again, Resume, Rename, Delete
 //   settings.js  the API token dialog
 //   probe.js     window.__studio, for tests and debugging
+//   dom.js       el(tag, props, ...children): the views' one element builder
+//   schedule.js  renders coalesced to one per animation frame (job view, chat, export panel)
+//   format.js    words and numbers for people (phases, durations, metrics, sizes)
 
 import { ChatView } from "./chat.js";
 import { deleteJobHistory, HistoryWriter, openHistory } from "./history.js";

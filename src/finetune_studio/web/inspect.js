@@ -74,7 +74,9 @@ function suggestion(box, mapping) {
   return el("p", { class: "inspect-suggestion", "data-testid": "inspect-suggestion" },
     el("span", "These columns are no known shape; a mapping that reads them: "),
     el("code", text),
-    field && [" ", el("button", { type: "button", class: "btn btn-ghost", "data-testid": "inspect-use-mapping", onclick: useMapping }, "Use this mapping")]);
+    field && " ",
+    field && el("button", { type: "button", class: "btn btn-ghost", "data-testid": "inspect-use-mapping", onclick: useMapping },
+      "Use this mapping"));
 }
 
 /** Draw an inspection report (a DatasetInspection) into `box`. */

@@ -1,8 +1,15 @@
 // The progress bar and the stat tiles under the timeline: step, percent done,
 // elapsed, ETA, loss, learning rate, epoch, tokens, the server's tokens/s (a rate over
-// the latest steps), token accuracy and memory of the latest progress event.
+// the latest steps) and MFU beside it, token accuracy and memory of the latest progress event.
 
 import * as fmt from "./format.js";
+
+/** MFU (0 to 1) as a percentage: "41.7%", and two significant digits below 1% ("0.052%"); "" when unknown. */
+function utilization(value) {
+  if (value == null || !Number.isFinite(value)) return "";
+  const percent = 100 * value;
+  return percent >= 1 ? `${percent.toFixed(1)}%` : `${Number(percent.toPrecision(2))}%`;
+}
 
 export class ProgressTiles {
   constructor(root) {
@@ -39,6 +46,7 @@ export class ProgressTiles {
     set("#s-epoch", p && p.epoch != null ? p.epoch.toFixed(2) : "–");
     set("#s-tokens", p && p.num_tokens != null ? fmt.integer(p.num_tokens) : "–");
     set("#s-tps", p && p.tokens_per_second != null ? fmt.integer(p.tokens_per_second) : "–");
+    set("#s-mfu", utilization(p ? p.mfu : null));
     set("#s-accuracy", p && p.mean_token_accuracy != null ? fmt.percent(100 * p.mean_token_accuracy) : "–");
     set("#s-memory", fmt.bytes(p ? p.memory_bytes : null));
     set("#s-gpu-memory", fmt.bytes(p ? p.gpu_memory_bytes : null));

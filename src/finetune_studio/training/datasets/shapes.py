@@ -53,7 +53,7 @@ from collections.abc import Callable
 from typing import Any
 
 from finetune_studio.bounds import excerpt
-from finetune_studio.conversations import CHAT_ROLES, OrderProblem, is_text_part, order_problem
+from finetune_studio.conversations import CHAT_ROLES, OrderKind, is_text_part, order_problem
 from finetune_studio.training.datasets.errors import (
     NAMES_SHOWN,
     QUOTE_CHARS,
@@ -331,29 +331,20 @@ def check_order(roles: list[str], name: Callable[[int], str]) -> None:
     in the module docstring (finetune_studio.conversations.order_problem)."""
     problem = order_problem(roles)
     if problem is not None:
-        raise RowProblem(_order_text(problem, name), ORDER)
+        raise RowProblem(problem.text(_ORDER_WORDS, name), ORDER)
 
 
-def _order_text(problem: OrderProblem, name: Callable[[int], str]) -> str:
-    here = name(problem.index)
-    if problem.kind == "system_not_first":
-        return f"{here} is a system turn; a system turn may only come first"
-    if problem.kind == "repeated" and problem.role == "user":
-        return (
-            f"{name(problem.index - 1)} and {here} are both user turns;"
-            " merge them or put the assistant's answer between them"
-        )
-    if problem.kind == "repeated":
-        return f"{name(problem.index - 1)} and {here} are both assistant turns; merge them or put a user turn between them"
-    if problem.kind == "user_after_tool":
-        return f"{here} is a user turn right after a tool turn; the assistant answers the tool first"
-    if problem.kind == "assistant_before_user":
-        return f"{here} is an assistant turn before any user turn; a conversation starts with the user"
-    if problem.kind == "tool_without_assistant":
-        return f"{here} is a tool turn that does not follow an assistant turn"
-    if problem.kind == "no_assistant":
-        return "the conversation has no assistant turn to learn from"
-    return f"the conversation ends with a {problem.role} turn ({here}); it must end with the assistant's answer"
+# The turn order's problems (finetune_studio.conversations) in a dataset row's words.
+_ORDER_WORDS: dict[OrderKind, str] = {
+    "system_not_first": "{here} is a system turn; a system turn may only come first",
+    "two_user_turns": "{before} and {here} are both user turns; merge them or put the assistant's answer between them",
+    "two_assistant_turns": "{before} and {here} are both assistant turns; merge them or put a user turn between them",
+    "user_after_tool": "{here} is a user turn right after a tool turn; the assistant answers the tool first",
+    "assistant_before_user": "{here} is an assistant turn before any user turn; a conversation starts with the user",
+    "tool_without_assistant": "{here} is a tool turn that does not follow an assistant turn",
+    "no_assistant": "the conversation has no assistant turn to learn from",
+    "wrong_last": "the conversation ends with a {role} turn ({here}); it must end with the assistant's answer",
+}
 
 
 # -- custom_format_mapping ------------------------------------------------------
