@@ -95,3 +95,19 @@ def test_a_job_that_never_trained_has_an_empty_summary(service: JobService) -> N
 def test_the_sparkline_keeps_short_runs_whole() -> None:
     assert sparkline([1.0, 2.0]) == [1.0, 2.0]
     assert sparkline([float(n) for n in range(128)]) == [n * 2 + 0.5 for n in range(64)]
+
+
+def test_the_summary_keeps_the_medians_of_tokens_per_second_and_mfu(service: JobService) -> None:
+    job_id = training_job(service, {"model_name": "m"})
+    rates = [(None, None), (80.0, 0.2), (100.0, 0.25), (90.0, 0.3), (1000.0, 0.9)]  # the first step has no rate yet
+    for n, (rate, mfu) in enumerate(rates, start=1):
+        extra = {"tokens_per_second": rate, "mfu": mfu} if rate is not None else {}
+        service.record_progress(job_id, step(n, 5, 2.0, **extra))
+    service.transition(job_id, "completed", "done")
+    summary = json.loads(service.store.status_json(job_id)[1])["details"]["summary"]
+    assert summary["median_tokens_per_second"] == 95.0  # one fast step does not move it
+    assert summary["median_mfu"] == pytest.approx(0.275)
+
+    quiet = training_job(service, {"model_name": "m"})
+    service.record_progress(quiet, step(1, 1, 2.0))
+    assert summary_of(service, quiet)["median_tokens_per_second"] is None and summary_of(service, quiet)["median_mfu"] is None

@@ -30,7 +30,7 @@ from finetune_studio.api.body_limit import DeclaredBodyLimit, too_large_body, to
 from finetune_studio.api.deps import Studio
 from finetune_studio.api.origin import CrossSiteGuard, LoopbackHostGuard
 from finetune_studio.api.request_scoped import check_request_scoped
-from finetune_studio.api.routes import chat, datasets, export, files, fine_tuning, health, system, train
+from finetune_studio.api.routes import chat, datasets, evaluation, export, files, fine_tuning, health, system, train
 from finetune_studio.api.streaming import StudioApp
 from finetune_studio.config import Settings, token_problem
 from finetune_studio.errors import StartRefused, StorageFailed, StudioError, UnsafeSettings
@@ -42,7 +42,7 @@ from finetune_studio.jobs.store import JobStore
 from finetune_studio.schemas import SECRET_FIELDS
 from finetune_studio.supervisor.inference import INFERENCE_MODULE, InferenceManager, UnloadingLauncher
 from finetune_studio.supervisor.inspector import INSPECT_MODULE, Inspector
-from finetune_studio.supervisor.launcher import EXPORT_MODULE, LocalProcessLauncher, WorkerLauncher
+from finetune_studio.supervisor.launcher import EVAL_MODULE, EXPORT_MODULE, LocalProcessLauncher, WorkerLauncher
 from finetune_studio.supervisor.ray_launcher import ray_launcher
 from finetune_studio.supervisor.supervisor import Supervisor
 from finetune_studio.text import clean_text
@@ -52,7 +52,8 @@ WEB_DIR = Path(__file__).resolve().parent.parent / "web"
 # token when one is set, and the web UI's mount leaves them to the API. A new router
 # goes here (and nowhere else), so it cannot be left unguarded.
 API_ROUTERS = (
-    train.router, chat.router, system.router, export.router, datasets.router, files.router, fine_tuning.router
+    train.router, chat.router, system.router, export.router, datasets.router, files.router, fine_tuning.router,
+    evaluation.router,
 )
 API_PREFIXES = tuple(router.prefix + "/" for router in API_ROUTERS)
 log = logging.getLogger("finetune_studio")
@@ -66,6 +67,7 @@ def create_app(
     launcher: Optional[WorkerLauncher] = None,
     *,
     export_launcher: Optional[WorkerLauncher] = None,
+    eval_launcher: Optional[WorkerLauncher] = None,
     data_dir_lock: Optional[DataDirLock] = None,
     inference_module: str = INFERENCE_MODULE,
     inspect_module: str = INSPECT_MODULE,
@@ -75,7 +77,8 @@ def create_app(
     (the CLI does, to refuse before anything else starts); the caller then keeps it.
     Chat runs in `python -m <inference_module>`, dataset inspections in `python -m
     <inspect_module>` (tests name stand-ins); exports in
-    what `export_launcher` starts (default: `python -m finetune_studio.export.child`)."""
+    what `export_launcher` starts (default: `python -m finetune_studio.export.child`), evaluations
+    in what `eval_launcher` starts (default: `python -m finetune_studio.evaluation.child`)."""
     if not settings.is_loopback() and settings.token is None:
         # The CLI says this first; this guard holds for any other way of serving the app.
         raise UnsafeSettings(
@@ -95,7 +98,7 @@ def create_app(
             settings.jobs_dir.mkdir(parents=True, exist_ok=True)
             store = JobStore(settings.db_path)
             file_store = FileStore(settings.db_path, settings.files_dir)  # after JobStore: its migration 3
-            service = JobService(store, settings.jobs_dir, exports_dir=settings.exports_dir)
+            service = JobService(store, settings.jobs_dir, exports_dir=settings.exports_dir, evals_dir=settings.evals_dir)
             inference = InferenceManager(settings, inference_module)
             # With a Ray cluster, each training job's driver child runs it there (supervisor/ray_launcher.py).
             training: WorkerLauncher = launcher or (
@@ -111,6 +114,9 @@ def create_app(
             supervisor = Supervisor(
                 service, training, settings, export_launcher=exporting,
                 export_tools_problem=lambda: export.gguf_tools_problem(),
+                # Evaluations use the chat child (over /v1), so nothing is unloaded for them.
+                eval_launcher=eval_launcher or LocalProcessLauncher(settings.worker_python, module=EVAL_MODULE),
+                eval_models=evaluation.model_resolver(store),
             )
             app.state.studio = Studio(settings, service, supervisor, inference, file_store)
             inspector = app.state.inspector = Inspector(settings, inspect_module)  # dataset inspections: children of their own

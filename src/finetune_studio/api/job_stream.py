@@ -112,6 +112,13 @@ def status_answer(studio: Studio, job_id: str, kind: JobKind) -> Response:
     if phase == "idle":
         job = service.store.get_job(job_id)
         position = studio.supervisor.queue_positions(kind).get(job_id)
-        queued = service.export_status_of(job, position) if kind == "export" else service.status_of(job, position)
-        status_json = queued.model_dump_json()
+        if kind == "export":
+            status_json = service.export_status_of(job, position).model_dump_json()
+        elif kind == "eval":
+            status_json = service.eval_status_of(job, position).model_dump_json()
+        else:
+            status_json = service.status_of(job, position).model_dump_json()
+    elif kind == "train" and phase == "completed" and '"eval_id"' in status_json:
+        # eval_after's evaluation is joined when read (jobs/evaluations.py).
+        status_json = service.status_of(service.store.get_job(job_id)).model_dump_json()
     return Response(status_json, media_type="application/json")

@@ -48,6 +48,7 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
+from finetune_studio.child.chat_template import template_or_chatml
 from finetune_studio.inference.chat_model import BaseKey
 from finetune_studio.inference.failures import RequestFailed
 from finetune_studio.wire import GGUF_INSTALL
@@ -284,13 +285,10 @@ class GgufModel:
 
     def _chat_template(self) -> str:
         raw = self.llama.llama_model_chat_template(self.model, None)
-        if raw:
-            return str(raw.decode("utf-8", errors="replace"))
-        from finetune_studio.training.tiny_model import CHATML_TEMPLATE
-
-        # As the transformers backend does for a tokenizer without one.
-        print(f"{self.key.location}: the GGUF has no chat template; ChatML is used", file=sys.stderr)
-        return CHATML_TEMPLATE
+        template, fell_back = template_or_chatml(raw.decode("utf-8", errors="replace") if raw else None)
+        if fell_back:  # as the transformers backend does for a tokenizer without one
+            print(f"{self.key.location}: the GGUF has no chat template; ChatML is used", file=sys.stderr)
+        return template
 
     def _special_tokens(self) -> dict[str, Any]:
         """The special tokens a template may name (`bos_token`, `eos_token`), as their text."""

@@ -30,6 +30,7 @@ from typing import Any, Optional
 
 import torch
 
+from finetune_studio.child.chat_template import NO_TEMPLATE_WARNING, ensure_chat_template
 from finetune_studio.hardware import Precision
 from finetune_studio.inference.chat_model import BaseKey
 from finetune_studio.inference.failures import RequestFailed
@@ -310,10 +311,6 @@ def load_transformers(key: BaseKey) -> LoadedModel:
     device = torch.device("cuda") if cuda else torch.device("cpu")
     model.to(device)
     model.eval()
-    if not tokenizer.chat_template:
-        from finetune_studio.training.tiny_model import CHATML_TEMPLATE
-
-        # Training gives such a model ChatML too, so its adapters were trained on it.
-        tokenizer.chat_template = CHATML_TEMPLATE
-        print(f"{key.location}: the tokenizer has no chat template; ChatML is used", file=sys.stderr)
+    if ensure_chat_template(tokenizer):  # as training did, so its adapters were trained on it
+        print(f"{key.location}: {NO_TEMPLATE_WARNING}", file=sys.stderr)
     return LoadedModel(key, tokenizer, model, device)

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
 from finetune_studio.atomic import save_atomically, write_file
+from finetune_studio.child.chat_template import NO_TEMPLATE_WARNING, ensure_chat_template, needs_template
 from finetune_studio.cuda_features import bitsandbytes_works, usable_optim
 from finetune_studio.hardware import PrecisionChoice
 from finetune_studio.schemas import Phase, TrainingStartRequest, method_of
@@ -299,12 +300,8 @@ class Recipe:
             )
 
     def ensure_chat_template(self, tokenizer: Any, data: LoadedData) -> None:
-        needs = data.is_conversational or self.request.training_type == "Continued Pretraining"
-        if needs and not tokenizer.chat_template:
-            from finetune_studio.training.tiny_model import CHATML_TEMPLATE
-
-            tokenizer.chat_template = CHATML_TEMPLATE
-            self.channel.warn("the tokenizer has no chat template; ChatML is used")
+        if needs_template(data.is_conversational, self.request.training_type) and ensure_chat_template(tokenizer):
+            self.channel.warn(NO_TEMPLATE_WARNING)
 
     def trainer_rows(self, tokenizer: Any, data: LoadedData) -> list[dict[str, Any]]:
         """Rows in the form SFTTrainer takes, per training type and loss choice."""

@@ -19,6 +19,7 @@ from finetune_studio.api.job_stream import (
     status_answer,
     stream_responses,
 )
+from finetune_studio.api.routes.evaluation import check_suites
 from finetune_studio.errors import JobNotFinished, StorageFailed
 from finetune_studio.jobs.phases import is_terminal
 from finetune_studio.jobs.store import JobRecord
@@ -58,6 +59,8 @@ def queue_training(studio: Studio, request: TrainingStartRequest, extra: Optiona
     `extra`, stored beside the request's)."""
     service, supervisor = studio.service, studio.supervisor
     check_start(request, studio.settings, queued=len(supervisor.queue_positions()))
+    if request.eval_after:  # the evaluation it queues when it completes: its files and judge, checked now
+        check_suites(request.eval_after, studio.settings, service.store, prefix="eval_after")
     stored = request.redacted()
     secrets = {name: value for name in SECRET_FIELDS if (value := getattr(request, name))}
     stored[WITHHELD_SECRETS] = sorted(secrets)

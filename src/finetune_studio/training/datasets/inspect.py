@@ -27,6 +27,7 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any, Optional
 
+from finetune_studio.child.chat_template import NO_TEMPLATE_WARNING, ensure_chat_template, needs_template
 from finetune_studio.paths import is_local
 from finetune_studio.schemas import (
     DatasetInspection,
@@ -47,7 +48,6 @@ from finetune_studio.training.datasets.stats import token_lengths
 
 # What the preview shows of one row: enough to read a template and an answer, not a book.
 PREVIEW_CHARS = 4_000
-NO_TEMPLATE_WARNING = "the tokenizer has no chat template; ChatML is used"  # the recipe's words
 RAW_COMPLETIONS_WARNING = "train_on_completions needs conversations (not raw text); the loss covers every token"
 
 # Column names (lower case, "_" for spaces and dashes) that say which turn a column
@@ -84,10 +84,8 @@ def inspect_dataset(request: DatasetInspectRequest, tokenizer: Any = None) -> Da
     _describe(report, data, lenient)
     if not data.is_conversational and request.train_on_completions:
         report.warnings.append(RAW_COMPLETIONS_WARNING)
-    if tokenizer is not None and data.is_conversational and not getattr(tokenizer, "chat_template", None):
-        from finetune_studio.training.tiny_model import CHATML_TEMPLATE
-
-        tokenizer.chat_template = CHATML_TEMPLATE
+    # The job's own rule (an inspection has no training type: its rows are what decides).
+    if tokenizer is not None and needs_template(data.is_conversational) and ensure_chat_template(tokenizer):
         report.warnings.append(NO_TEMPLATE_WARNING)
     lengths: list[int] = []
     if tokenizer is not None:

