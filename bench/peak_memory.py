@@ -9,7 +9,7 @@ measure the same way. Prints one JSON line: {"rows": n, "seconds": s, "grown": b
     read   every record parsed and none kept (`read_records`): what the readers cost
     load   read and converted as the training child does (`load_local`, which keeps every row)
     whole  the whole-file reader the streaming one replaced, for comparison
-           (tests/whole_file_json.py): the whole text, then json.loads of it (a .json
+           (tests/helpers/whole_file_json.py): the whole text, then json.loads of it (a .json
            file) or of each of its lines
 
 Memory is the growth of the peak resident size (VmHWM) over what the process held
@@ -28,7 +28,7 @@ from finetune_studio.training.datasets.files import read_records
 from finetune_studio.training.datasets.load import load_local
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository, for tests/
-from tests.whole_file_json import json_records, whole_text  # noqa: E402
+from tests.helpers.whole_file_json import json_records, whole_text  # noqa: E402
 
 
 def peak() -> int:

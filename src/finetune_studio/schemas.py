@@ -51,6 +51,7 @@ ErrorCode = Literal[
     "diverged",
     "export_failed",
     "export_tools_missing",
+    "evaluation_failed",
     "worker_died",
     "worker_failed_to_start",
     "cluster_unavailable",

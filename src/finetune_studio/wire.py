@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Optional, TypedDict, Union
 
-from finetune_studio.schemas import ErrorCode, ExportPhase, Phase
+from finetune_studio.schemas import ErrorCode, EvalPhase, ExportPhase, Phase
 
 STOP_COMMAND = "stop"
 # What the trainer names each checkpoint folder: checkpoint-<step> (checkpoint_name, checkpoint_step).
@@ -52,7 +52,7 @@ EVAL_SAMPLES_FILE = "samples.jsonl"
 
 class StatusMessage(TypedDict):
     type: Literal["status"]
-    phase: Union[Phase, ExportPhase]  # a training child's, or the export child's
+    phase: Union[Phase, ExportPhase, EvalPhase]  # a training child's, the export child's, or the evaluation child's
     message: str
     error: Optional[str]
     details: dict[str, Any]
@@ -67,7 +67,7 @@ Message = Union[StatusMessage, ProgressMessage]
 
 
 def status_message(
-    phase: Union[Phase, ExportPhase], message: str, *, error: Optional[str] = None, details: Optional[dict[str, Any]] = None
+    phase: Union[Phase, ExportPhase, EvalPhase], message: str, *, error: Optional[str] = None, details: Optional[dict[str, Any]] = None
 ) -> StatusMessage:
     return {"type": "status", "phase": phase, "message": message, "error": error, "details": dict(details or {})}
 

@@ -6,49 +6,18 @@ IndexedDB) with a laptop-sized viewport; uncaught page errors fail the test.
 
 Without Chromium (or Playwright) the browser tests skip on a laptop, but fail
 under CI (the environment variable CI set, as CI services do): there a skip
-would hide that the UI went untested.
+would hide that the UI went untested. The page helpers are tests/helpers/browser.py's.
 """
 
 from __future__ import annotations
 
-import os
 import shutil
 from collections.abc import Iterator
-from typing import Any, NoReturn
+from typing import Any
 
 import pytest
 
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
-VIEWPORT = {"width": 1280, "height": 900}
-EXPECT_TIMEOUT = 15_000  # milliseconds
-
-
-def expect(target: Any, message: str | None = None) -> Any:
-    """Playwright's `expect`: its assertions retry until the state holds or EXPECT_TIMEOUT
-    passes. What the page shows after an action (a click, a fill, a state the test waited
-    for in `window.__studio`) is drawn on a later animation frame, so it is read through
-    this, never at once (`is_hidden()`, `count()`, `inner_text()` read once and race the
-    next frame). Imported when called, so the tests still skip where Playwright is missing."""
-    from playwright.sync_api import expect as playwright_expect
-
-    playwright_expect.set_options(timeout=EXPECT_TIMEOUT)
-    return playwright_expect(target, message)
-
-
-def missing(what: str) -> NoReturn:
-    """Skip the browser tests for want of `what`; under CI, fail instead."""
-    if os.environ.get("CI"):
-        pytest.fail(f"{what}; CI must run the browser tests: install it in the CI image", pytrace=False)
-    pytest.skip(what)
+from tests.helpers.browser import CHROMIUM_ARGS, VIEWPORT, missing
 
 
 # Package scope: Playwright's sync API keeps an event loop running in this thread

@@ -22,14 +22,12 @@ from typing import Any, Optional
 
 import pytest
 
-from tests.browser.conftest import expect
-from tests.conftest import ServerProcess, collect, job_request
+from tests.helpers.browser import LAPTOP, PHONE, SECOND, expect, open_page, wait_js
+from tests.helpers.jobs import collect, job_request
+from tests.helpers.servers import ServerProcess
 
 pytestmark = [pytest.mark.browser, pytest.mark.train]
 
-SECOND = 1000  # Playwright timeouts are in milliseconds
-PHONE = {"width": 390, "height": 844}
-LAPTOP = {"width": 1280, "height": 800}
 CHAT = "window.__studio.chat()"
 LONG = 3000  # max tokens of an answer that must still be streaming when the test acts on it
 
@@ -58,13 +56,8 @@ def requests(page: Any) -> Iterator[list[dict[str, Any]]]:
 
 
 def open_chat(page: Any, url: str, model: str, compare: bool = False) -> None:
-    page.goto(f"{url}/#chat={model}" + ("&compare=1" if compare else ""))
-    page.wait_for_selector("body[data-ready=true]", state="attached", timeout=20 * SECOND)
+    open_page(page, url, f"#chat={model}" + ("&compare=1" if compare else ""))
     wait_js(page, f"{CHAT} && {CHAT}.loaded && {CHAT}.mode === '{'compare' if compare else 'chat'}'", 20)
-
-
-def wait_js(page: Any, expression: str, timeout_s: float = 120) -> None:
-    page.wait_for_function(expression, timeout=timeout_s * SECOND)
 
 
 def chat(page: Any) -> dict[str, Any]:
@@ -213,6 +206,7 @@ def test_compare_streams_base_and_fine_tuned_at_once_each_with_its_own_stop(
     wait_js(
         page,
         f"{CHAT}.turns.length === 2 && ['base', 'tuned'].every((s) => {CHAT}.turns[1].answers[s].content.length >= 20)",
+        120,
     )
     page.get_by_test_id("stop-base").click()
     wait_js(page, f"{CHAT}.turns[1].answers.base.state === 'stopped'", 20)
@@ -277,7 +271,7 @@ def test_a_crashed_chat_process_shows_its_reason_and_retry_answers(
     page.get_by_test_id("chat-new").click()
     settings(page, temperature="0", max_tokens=str(LONG))
     send(page, "Keep talking.")
-    wait_js(page, f"{CHAT}.turns.length === 1 && {CHAT}.turns[0].answers.tuned.content.length >= 10")
+    wait_js(page, f"{CHAT}.turns.length === 1 && {CHAT}.turns[0].answers.tuned.content.length >= 10", 120)
     pid = shared_server.inference_child()
     assert pid is not None
     os.kill(pid, signal.SIGKILL)

@@ -1,5 +1,5 @@
 """The export panel (web/export.js) in a real Chromium, against a real server whose
-exports run the stand-in export child (tests/reliability/fake_export_worker.py):
+exports run the stand-in export child (tests/helpers/stand_in_export_worker.py):
 format and quantizations, progress per stage from the export stream, files with
 sizes and download links, the `ollama create` line, errors in words, and stop."""
 
@@ -15,13 +15,13 @@ import pytest
 from finetune_studio.api.routes import export as export_routes
 from finetune_studio.config import Settings
 from finetune_studio.supervisor.launcher import LocalProcessLauncher
-from tests.browser.conftest import expect
-from tests.conftest import REPO
-from tests.reliability.conftest import FAKE_EXPORT_WORKER, FAKE_WORKER, LiveServer
-from tests.reliability.test_export import trained_job
+from tests.helpers.browser import SECOND, expect
+from tests.helpers.children import STAND_IN_EXPORT_WORKER, STAND_IN_WORKER
+from tests.helpers.exports import trained_job
+from tests.helpers.paths import REPO
+from tests.helpers.servers import LiveServer
 
 pytestmark = pytest.mark.browser
-SECOND = 1000
 
 
 @pytest.fixture
@@ -31,7 +31,7 @@ def server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LiveServ
     monkeypatch.setenv("FAKE_EXPORT_STEP_S", "0.05")
     monkeypatch.setenv("FAKE_EXPORT_CHUNKS", "16")
     settings = Settings(data_dir=tmp_path / "data", stop_grace_seconds=5, kill_grace_seconds=1)
-    live = LiveServer(settings, LocalProcessLauncher(module=FAKE_WORKER), LocalProcessLauncher(module=FAKE_EXPORT_WORKER))
+    live = LiveServer(settings, LocalProcessLauncher(module=STAND_IN_WORKER), LocalProcessLauncher(module=STAND_IN_EXPORT_WORKER))
     with live:
         yield live
 

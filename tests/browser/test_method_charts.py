@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from tests.browser.test_web_ui import open_ui, show_stored_job, status_event
+from tests.helpers.browser import open_ui, show_stored_job, status_event
 
 pytestmark = pytest.mark.browser
 

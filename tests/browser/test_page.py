@@ -5,152 +5,33 @@ run again, resumed, renamed and deleted, and a file uploaded through the page
 trains.
 
 Most tests run the real server in this process with a scripted worker (no
-training): each job's `project_name` says what it does (`completed`, `failed`,
-`stopped`, `held`: it waits in loading_model until the test lets it go, then
-trains until stopped), with the long messages and paths real runs have. The
-upload test trains the tiny model for real. Screenshots of every state are kept
-under test-artifacts/screens/.
+training; tests/helpers/page_studio.py): each job's `project_name` says what it
+does (`completed`, `failed`, `stopped`, `held`: it waits in loading_model until the
+test lets it go, then trains until stopped), with the long messages and paths real
+runs have. The upload test trains the tiny model for real. Screenshots of every
+state are kept under test-artifacts/screens/.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import re
-import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import httpx
 import pytest
 
 from finetune_studio.config import Settings
-from finetune_studio.wire import WorkerSpec
-from tests.browser.conftest import expect
-from tests.conftest import DEMO_DATA, REPO, ScriptedWorker, job_request, wait_for
-from tests.reliability.conftest import LiveServer
+from tests.helpers.browser import LAPTOP, PHONE, SECOND, assert_fits, expect, open_page, show_job
+from tests.helpers.page_studio import ScriptedLauncher, Studio, settle
+from tests.helpers.paths import DEMO_DATA, REPO
+from tests.helpers.servers import LiveServer
 
 pytestmark = pytest.mark.browser
 
-SCREENS = REPO / "test-artifacts" / "screens"
-SECOND = 1000  # Playwright timeouts are in milliseconds
-LAPTOP = {"width": 1280, "height": 800}
-PHONE = {"width": 390, "height": 844}
 TOKEN = "page-test-token-5b1e"
-OVERFLOW = "document.scrollingElement.scrollWidth - window.innerWidth"
-# A model folder with the long path real ones have: it exists (admission checks that).
-LONG = "a-rather-long-model-folder-name-as-people-make-them-" + "x" * 60
-
-
-class ScriptedHandle(ScriptedWorker):
-    """A worker that is no process: it plays the script its request's project_name names."""
-
-    def __init__(self, spec: WorkerSpec, held: threading.Event) -> None:
-        super().__init__()
-        self.spec = spec
-        self.log_path = spec.output_dir / "worker.log"
-        self.held = held
-
-    async def messages(self) -> AsyncIterator[dict[str, Any]]:
-        request = self.spec.request
-        script = str(request.get("project_name") or "completed").split()[0]
-        out = self.spec.output_dir
-        out.mkdir(parents=True, exist_ok=True)
-        self.log_path.write_text("scripted worker\n")
-        model = str(request["model_name"])
-        yield status("loading_model", f"Loading model {model} (reading every row of {request['local_datasets'][0]} first)")
-        if script == "held":
-            while not self.held.is_set() and not self.stop.is_set():
-                await asyncio.sleep(0.02)
-        yield status("loading_dataset", f"Read {len(request['local_datasets'])} files: 50 rows (alpaca), 0 bad rows")
-        if script == "failed":
-            yield status(
-                "error",
-                "The dataset could not be read",
-                error=f"{request['local_datasets'][0]} line 3: the row has no 'instruction' field; every alpaca row needs"
-                " instruction and output (found keys: question, answer). Set format_type, or custom_format_mapping to"
-                " read these columns as they are: " + "/very/long/path/segment" * 8,
-                details={"error_code": "dataset_invalid"},
-            )
-            return
-        yield status("configuring", "Preparing the trainer")
-        total = 200
-        yield status("training", f"Training for {total} steps", total_steps=total)
-        steps = 30
-        for step in range(1, steps + 1):
-            yield progress(step, total)
-        if script == "held":
-            await self.stop.wait()
-        checkpoint = out / "checkpoints" / f"checkpoint-{steps}"
-        checkpoint.mkdir(parents=True, exist_ok=True)
-        (checkpoint / "trainer_state.json").write_text("{}")
-        adapter = out / "adapter"
-        adapter.mkdir(exist_ok=True)
-        (adapter / "adapter_model.safetensors").write_bytes(b"\0" * 64)
-        saved = {"adapter_dir": str(adapter), "output_dir": str(out), "last_checkpoint": str(checkpoint), "steps": steps}
-        if script in ("stopped", "held"):
-            message = f"Stopped at step {steps} of {total} (a stop was requested); what was trained is saved in {adapter}"
-            yield status("stopped", message, **saved)
-        else:
-            yield status("completed", f"Trained {steps} steps; the adapter is saved in {adapter}", train_loss=0.5, **saved)
-
-
-def status(phase: str, message: str, error: Optional[str] = None, **details: Any) -> dict[str, Any]:
-    return {"type": "status", "phase": phase, "message": message, "error": error, "details": details}
-
-
-def progress(step: int, total: int) -> dict[str, Any]:
-    values = {"step": step, "total_steps": total, "loss": 2.0 / step, "learning_rate": 2e-4,
-              "progress_percent": 100.0 * step / total, "epoch": step / total, "num_tokens": 512 * step}
-    return {"type": "progress", "progress": values}
-
-
-class ScriptedLauncher:
-    def __init__(self) -> None:
-        self.held = threading.Event()  # lets `held` jobs go on from loading_model
-
-    async def launch(self, spec: WorkerSpec) -> ScriptedHandle:
-        return ScriptedHandle(spec, self.held)
-
-
-class Studio:
-    """A live server with the scripted worker, the files its requests name, and HTTP helpers."""
-
-    def __init__(self, server: LiveServer, launcher: ScriptedLauncher, root: Path, token: Optional[str]) -> None:
-        self.server, self.launcher, self.url = server, launcher, server.url
-        self.model = root / "models" / LONG
-        self.model.mkdir(parents=True)
-        (self.model / "config.json").write_text("{}")
-        self.data = root / "data-files" / "train.jsonl"
-        self.data.parent.mkdir()
-        self.data.write_text('{"instruction": "hi", "output": "hello"}\n')
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self.http = httpx.Client(base_url=server.url, headers=headers, timeout=30)
-
-    def close(self) -> None:
-        self.http.close()
-
-    def request(self, script: str, **fields: Any) -> dict[str, Any]:
-        body = job_request(self.model, local_datasets=[str(self.data)], project_name=script)
-        body.update(fields)
-        return body
-
-    def start(self, script: str, **fields: Any) -> str:
-        answer = self.http.post("/train/start", json=self.request(script, **fields))
-        assert answer.status_code == 200, answer.text
-        return str(answer.json()["job_id"])
-
-    def phase(self, job_id: str) -> str:
-        return str(self.http.get(f"/train/status/{job_id}").json()["phase"])
-
-    def wait_phase(self, job_id: str, *phases: str) -> None:
-        wait_for(lambda: self.phase(job_id) in phases, timeout=30, what=f"job {job_id} to be {phases}")
-
-    def detail(self, job_id: str) -> dict[str, Any]:
-        answer = self.http.get(f"/train/jobs/{job_id}")
-        assert answer.status_code == 200, answer.text
-        return answer.json()  # type: ignore[no-any-return]
 
 
 @pytest.fixture
@@ -162,14 +43,6 @@ def studio(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Studio]:
             yield studio
             launcher.held.set()
             settle(server)
-
-
-def settle(server: LiveServer) -> None:
-    """Let the dataset previews the page asked for (each a child process) end before the
-    server stops: a child still running when its loop closes is an unclosed transport."""
-    inspector = getattr(server.app.state, "inspector", None)
-    if inspector is not None:
-        wait_for(lambda: inspector.running == 0, timeout=120, what="the dataset inspections to end")
 
 
 @pytest.fixture
@@ -190,37 +63,6 @@ def page_at(browser: Any) -> Iterator[Any]:
     for context in contexts:
         context.close()
     assert not errors, f"uncaught errors in the page: {errors}"
-
-
-def open_page(page: Any, url: str, fragment: str = "") -> None:
-    page.goto(f"{url}/{fragment}")
-    page.wait_for_selector("body[data-ready=true]", state="attached", timeout=20 * SECOND)
-
-
-def show_job(page: Any, job_id: str, phase: str) -> None:
-    page.evaluate(f"location.hash = 'job={job_id}'")
-    page.wait_for_function(
-        f"window.__studio.jobId() === '{job_id}' && window.__studio.phase() === '{phase}'", timeout=20 * SECOND
-    )
-    page.wait_for_selector(f"[data-testid=job-item][data-job-id='{job_id}']", timeout=10 * SECOND)
-    # The view draws once per animation frame: let the frame after the data arrived pass.
-    page.evaluate("new Promise((done) => requestAnimationFrame(() => requestAnimationFrame(done)))")
-
-
-def assert_fits(page: Any, what: str) -> None:
-    """Nothing scrolls sideways, and the whole screenshot is kept."""
-    width = page.viewport_size["width"]
-    overflow = page.evaluate(OVERFLOW)
-    SCREENS.mkdir(parents=True, exist_ok=True)
-    page.mouse.move(0, 0)
-    page.screenshot(path=str(SCREENS / f"{what}-{width}.png"), full_page=True)
-    if overflow > 0:
-        wide = page.evaluate(
-            """() => [...document.querySelectorAll("body *")]
-                 .filter((el) => el.getBoundingClientRect().right > window.innerWidth + 0.5 && el.getClientRects().length)
-                 .slice(0, 5).map((el) => `${el.tagName}.${el.className} ${Math.round(el.getBoundingClientRect().right)}`)"""
-        )
-        raise AssertionError(f"{what} at {width} px scrolls sideways by {overflow} px; too wide: {wide}")
 
 
 @pytest.mark.parametrize("viewport", [LAPTOP, PHONE], ids=["laptop", "phone"])

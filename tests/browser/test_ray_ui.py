@@ -23,22 +23,10 @@ import pytest
 
 from finetune_studio.config import Settings
 from finetune_studio.wire import WorkerSpec
-from tests.browser.conftest import expect
-from tests.browser.test_page import (
-    PHONE,
-    SECOND,
-    ScriptedHandle,
-    ScriptedLauncher,
-    Studio,
-    assert_fits,
-    open_page,
-    progress,
-    settle,
-    show_job,
-    status,
-)
-from tests.conftest import REPO
-from tests.reliability.conftest import LiveServer
+from tests.helpers.browser import PHONE, SECOND, assert_fits, expect, open_page, show_job
+from tests.helpers.page_studio import ScriptedHandle, ScriptedLauncher, Studio, progress, settle, status
+from tests.helpers.paths import REPO
+from tests.helpers.servers import LiveServer
 
 pytestmark = pytest.mark.browser
 

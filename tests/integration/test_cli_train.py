@@ -17,11 +17,13 @@ import psutil
 import pytest
 
 from finetune_studio.cli.local_server import free_port
-from tests.conftest import DEMO_DATA, REPO, ServerProcess, wait_for
+from tests.helpers.paths import DEMO_DATA, REPO
+from tests.helpers.polling import wait_for
+from tests.helpers.servers import ServerProcess
 
 pytestmark = pytest.mark.train
 
-# The tiny job of tests.conftest.job_request, as flags.
+# The tiny job of tests.helpers.jobs.job_request, as flags.
 TINY_JOB = ["--format", "alpaca", "--lr", "1e-3", "--batch-size", "2", "--lora-r", "4", "--max-seq-length", "128",
             "--set", "lora_alpha=8", "--set", "save_steps=0"]
 # Bounds every command, so that a broken one fails the test instead of hanging it.

@@ -20,8 +20,8 @@ import httpx
 import pytest
 
 from finetune_studio.training.datasets import HUB_UNREACHABLE
-from tests.conftest import collect, job_request, phases
 from tests.data.corpus import BAD_FILES, GOOD
+from tests.helpers.jobs import collect, job_request, phases
 
 # The bad files that go through a real server (all of them are read in-process).
 END_TO_END = ("bad_json.jsonl", "mapped_column_missing.parquet")

@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from finetune_studio.wire import JobFolder
-from tests.conftest import ServerProcess, collect, job_request
+from tests.helpers.jobs import collect, job_request
+from tests.helpers.servers import ServerProcess
 
 pytestmark = pytest.mark.train
 

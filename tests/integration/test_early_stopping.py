@@ -11,9 +11,10 @@ import pytest
 
 from finetune_studio.training.channel import JobFailure
 from finetune_studio.wire import JobFolder
-from tests.conftest import ServerProcess, collect, job_request
 from tests.data.corpus import GOOD
-from tests.unit.test_recipe_order import run_recipe
+from tests.helpers.jobs import collect, job_request
+from tests.helpers.recipes import run_recipe
+from tests.helpers.servers import ServerProcess
 
 QUESTIONS = [f"What colour is box number {i}?" for i in range(16)]
 

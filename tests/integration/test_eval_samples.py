@@ -11,8 +11,9 @@ import pytest
 
 from finetune_studio.training.callbacks import EVAL_SAMPLE_NEW_TOKENS
 from finetune_studio.training.datasets import load_local
-from tests.conftest import ServerProcess, collect, job_request
 from tests.data.corpus import GOOD
+from tests.helpers.jobs import collect, job_request
+from tests.helpers.servers import ServerProcess
 
 EVAL_FILE = GOOD / "chatml.jsonl"
 

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from finetune_studio.export.tools import tools_problem
-from tests.conftest import ServerProcess, collect, job_request, phases
+from tests.helpers.jobs import collect, job_request, phases
+from tests.helpers.servers import ServerProcess
 
 pytestmark = pytest.mark.train
 

@@ -23,8 +23,8 @@ import pytest
 from finetune_studio.schemas import DatasetInspectRequest
 from finetune_studio.training.channel import JobFailure
 from finetune_studio.training.datasets import load_training_data
-from tests.conftest import ServerProcess
 from tests.data.corpus import BAD_FILES, GOOD
+from tests.helpers.servers import ServerProcess
 
 pytestmark = pytest.mark.slow
 

@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import ServerProcess, collect, phases
+from tests.helpers.jobs import collect, phases
+from tests.helpers.servers import ServerProcess
 
 pytestmark = pytest.mark.train
 

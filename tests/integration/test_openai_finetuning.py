@@ -3,7 +3,7 @@ files, jobs (real training of the tiny model), events paged with the SDK's itera
 checkpoints, cancel, pause and resume, errors, and chat with the fine-tuned model.
 
 One server serves the module (the machine has two cores). Its jobs run the real
-training child through tests/reliability/hooked_child.py, so that a test can hold a
+training child through tests/helpers/hooked_child.py, so that a test can hold a
 job at a known step (for cancel and pause) instead of racing a 30 ms step.
 """
 
@@ -19,9 +19,10 @@ import openai
 import pytest
 
 from finetune_studio.config import Settings
-from tests.conftest import REPO, wait_for
-from tests.reliability.conftest import LiveServer
-from tests.reliability.hooked_child import HookedLauncher, Hooks
+from tests.helpers.hooked_child import HookedLauncher, Hooks
+from tests.helpers.paths import REPO
+from tests.helpers.polling import wait_for
+from tests.helpers.servers import LiveServer
 
 pytestmark = pytest.mark.train
 

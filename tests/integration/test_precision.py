@@ -20,7 +20,8 @@ from typing import Any
 import pytest
 
 from finetune_studio.hardware import detect_cpu_bf16
-from tests.conftest import ServerProcess, collect, job_request, phases
+from tests.helpers.jobs import collect, job_request, phases
+from tests.helpers.servers import ServerProcess
 
 pytestmark = pytest.mark.train
 

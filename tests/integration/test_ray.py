@@ -38,8 +38,10 @@ import pytest
 
 from finetune_studio.cli.local_server import free_port
 from finetune_studio.wire import last_checkpoint
-from tests.conftest import ServerProcess, collect, job_request, phases, wait_for
-from tests.s3 import CREDENTIALS, S3, s3_server
+from tests.helpers.jobs import collect, job_request, phases
+from tests.helpers.polling import wait_for
+from tests.helpers.s3 import CREDENTIALS, S3, s3_server
+from tests.helpers.servers import ServerProcess
 
 pytest.importorskip("ray", reason="the Ray tests need finetune-studio[ray]")
 pytestmark = [pytest.mark.train, pytest.mark.slow]
@@ -354,7 +356,7 @@ def test_with_no_shared_folder_the_files_travel_through_s3(
 def _object(s3: S3, key: str) -> bytes:
     from pyarrow import fs as pafs
 
-    from tests.s3 import credentials
+    from tests.helpers.s3 import credentials
 
     with credentials():
         s3fs = pafs.S3FileSystem(endpoint_override=s3.endpoint, scheme="http", region="us-east-1")

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import collect, job_request
-from tests.unit.test_bad_rows import DUMP_ROWS, Dump
+from tests.helpers.dumps import DUMP_ROWS, Dump
+from tests.helpers.jobs import collect, job_request
 
 pytestmark = pytest.mark.train
 

@@ -12,9 +12,11 @@ import pytest
 from safetensors.numpy import load_file
 
 from finetune_studio.config import Settings
-from tests.conftest import DEMO_DATA, REPO, ServerProcess, collect, job_request, phases, wait_for
-from tests.reliability.conftest import LiveServer
-from tests.reliability.hooked_child import HookedLauncher, Hooks
+from tests.helpers.hooked_child import HookedLauncher, Hooks
+from tests.helpers.jobs import collect, job_request, phases
+from tests.helpers.paths import DEMO_DATA, REPO
+from tests.helpers.polling import wait_for
+from tests.helpers.servers import LiveServer, ServerProcess
 
 pytestmark = pytest.mark.train
 
@@ -101,7 +103,7 @@ def test_stop_then_resume_continues_the_same_loss_curve(
     tiny_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The first job is held after its third step until the stop arrives (a test hook of
-    # tests/reliability/hooked_child.py), so it stops at a known point, well before its end.
+    # tests/helpers/hooked_child.py), so it stops at a known point, well before its end.
     monkeypatch.chdir(REPO)  # the hooked child is imported from the repository
     launcher = HookedLauncher(Hooks(pause_at_step=3))
     total = 10

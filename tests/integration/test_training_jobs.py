@@ -24,7 +24,9 @@ import pytest
 from safetensors.numpy import load_file
 
 from finetune_studio.wire import last_checkpoint
-from tests.conftest import ServerProcess, collect, job_request, phases, wait_for
+from tests.helpers.jobs import collect, job_request, phases
+from tests.helpers.polling import wait_for
+from tests.helpers.servers import ServerProcess
 
 pytestmark = pytest.mark.train
 

@@ -21,7 +21,7 @@ from finetune_studio.api.auth import under_prefixes
 from finetune_studio.api.openai_errors import OPENAI_PREFIX
 from finetune_studio.config import Settings
 from finetune_studio.errors import UnsafeSettings
-from tests.reliability.conftest import InstantLauncher, dataset, start_body
+from tests.helpers.jobs import InstantLauncher, dataset, start_body
 
 TOKEN = "correct-horse-battery-staple"
 

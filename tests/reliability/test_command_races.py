@@ -24,8 +24,11 @@ from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invar
 
 from finetune_studio.config import Settings
 from finetune_studio.supervisor.launcher import LocalProcessLauncher
-from tests.conftest import REPO, wait_for
-from tests.reliability.conftest import FAKE_WORKER, LiveServer, dataset, start_body
+from tests.helpers.children import STAND_IN_WORKER
+from tests.helpers.jobs import dataset, start_body
+from tests.helpers.paths import REPO
+from tests.helpers.polling import wait_for
+from tests.helpers.servers import LiveServer
 
 TERMINAL = ("completed", "error", "stopped")
 
@@ -62,7 +65,7 @@ def stand_in(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def serve(data_dir: Path) -> LiveServer:
     settings_ = Settings(data_dir=data_dir, stop_grace_seconds=5, kill_grace_seconds=1)
-    return LiveServer(settings_, LocalProcessLauncher(module=FAKE_WORKER)).__enter__()
+    return LiveServer(settings_, LocalProcessLauncher(module=STAND_IN_WORKER)).__enter__()
 
 
 def test_a_cancel_right_after_a_resume_ends_the_job_at_once(

@@ -21,8 +21,8 @@ from finetune_studio.cli.local_server import free_port
 from finetune_studio.config import Settings
 from finetune_studio.errors import DataDirInUse
 from finetune_studio.jobs.lock import LOCK_NAME, DataDirLock
-from tests.conftest import collect, job_request, phases, wait_for
-from tests.reliability.conftest import InstantLauncher
+from tests.helpers.jobs import InstantLauncher, collect, job_request, phases
+from tests.helpers.polling import wait_for
 
 SEED_ORDER = ["idle", "loading_model", "loading_dataset", "configuring", "training", "completed"]
 

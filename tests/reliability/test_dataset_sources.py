@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from finetune_studio.api import admission
-from tests.reliability.conftest import InstantLauncher, start_body
+from tests.helpers.jobs import InstantLauncher, start_body
 
 LIMIT = 100
 

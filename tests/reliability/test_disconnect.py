@@ -10,16 +10,14 @@ told to cancel that request) and (b) its slot free again (the next inspection is
 as it is marked; the test then asks for its entry in CASES.
 
 The app runs under a real uvicorn on 127.0.0.1 in this process, with the stand-in
-children of tests/unit (stand_in_inspect_child.py, fake_inference_child.py).
+children of tests/helpers (stand_in_inspect_child.py, stand_in_chat_child.py).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
 import socket
-import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -28,67 +26,44 @@ from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 from fastapi import APIRouter
 
-from finetune_studio.api.app import API_ROUTERS, create_app
-from finetune_studio.api.deps import Studio
+from finetune_studio.api.app import API_ROUTERS
 from finetune_studio.api.request_scoped import check_request_scoped, request_scoped, request_scoped_routes
-from finetune_studio.cli.local_server import free_port
 from finetune_studio.config import Settings
-from finetune_studio.supervisor.inspector import Inspector
-from tests.conftest import REPO, wait_for
-from tests.unit.test_chat_api import ScriptedLauncher
+from tests.helpers.chat import ScriptedLauncher
+from tests.helpers.children import STAND_IN_CHAT_CHILD, STAND_IN_INSPECT_CHILD
+from tests.helpers.paths import REPO
+from tests.helpers.polling import wait_for
+from tests.helpers.processes import pid_exists
+from tests.helpers.servers import LiveServer
 
-INSPECT_STAND_IN = "tests.unit.stand_in_inspect_child"
-CHAT_STAND_IN = "tests.unit.fake_inference_child"
 WAIT = 30  # seconds any one awaited change may take before the test fails
 
 # The registry, as create_app walks it: (method, path) of every request-scoped route.
 ROUTES = sorted({(method, route.path) for route in request_scoped_routes(API_ROUTERS) for method in route.methods})
 
 
-class Server:
+class Server(LiveServer):
     """create_app with both stand-in children, under uvicorn on 127.0.0.1 in a thread;
     one inspection slot, so that a held one makes the next 429."""
 
     def __init__(self, data_dir: Path) -> None:
-        self.settings = Settings(data_dir=data_dir, max_concurrent_inspections=1, inspect_timeout_seconds=600,
-                                 stop_grace_seconds=5, kill_grace_seconds=2)
-        self.app = create_app(self.settings, ScriptedLauncher(), inference_module=CHAT_STAND_IN,
-                              inspect_module=INSPECT_STAND_IN)
-        self.port = free_port()
-        config = uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning", ws="none",
-                                lifespan="on", timeout_graceful_shutdown=3)
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, name=f"uvicorn-{self.port}", daemon=True)
-        self.http = httpx.Client(base_url=f"http://127.0.0.1:{self.port}", timeout=60)
+        settings = Settings(data_dir=data_dir, max_concurrent_inspections=1, inspect_timeout_seconds=600,
+                            stop_grace_seconds=5, kill_grace_seconds=2)
+        super().__init__(settings, ScriptedLauncher(), inference_module=STAND_IN_CHAT_CHILD,
+                         inspect_module=STAND_IN_INSPECT_CHILD)
+        self.http = httpx.Client(base_url=self.url, timeout=60)
         self.data = data_dir / "rows.jsonl"
 
     def __enter__(self) -> Server:
-        self.thread.start()
-        wait_for(lambda: self.server.started or not self.thread.is_alive(), timeout=WAIT, what="uvicorn to start")
-        assert self.server.started
+        super().__enter__()
         self.data.write_text('{"text": "a row"}\n')
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.http.close()
-        self.server.should_exit = True
-        self.thread.join(timeout=60)
-
-    @property
-    def studio(self) -> Studio:
-        return self.app.state.studio  # type: ignore[no-any-return]
-
-    @property
-    def inspector(self) -> Inspector:
-        return self.app.state.inspector  # type: ignore[no-any-return]
-
-    @property
-    def chat_log(self) -> str:
-        path = self.settings.data_dir / "inference.log"
-        return path.read_text() if path.exists() else ""
+        super().__exit__(*exc)
 
     def trained_model(self) -> str:
         """A completed job's id (its stand-in saved an adapter): a model to chat with."""
@@ -113,14 +88,6 @@ class Server:
             work = wait_for(held, timeout=WAIT, what=f"the work of POST {path} to be under way")
             meanwhile(self)
         return work
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 @dataclass(frozen=True)
@@ -165,19 +132,19 @@ def chat(stream: bool) -> Callable[[Server], dict[str, Any]]:
 
 def chat_request_held(server: Server) -> Callable[[], Any]:
     """The id of the next request the stand-in chat child holds (it logs `holding <id>`)."""
-    before = len(re.findall(r"holding (\S+)", server.chat_log))
-    return lambda: next(iter(re.findall(r"holding (\S+)", server.chat_log)[before:]), None)
+    before = len(re.findall(r"holding (\S+)", server.inference_log))
+    return lambda: next(iter(re.findall(r"holding (\S+)", server.inference_log)[before:]), None)
 
 
 def chat_request_cancelled(server: Server, request_id: str) -> bool:
-    return f"cancelled {request_id}" in server.chat_log
+    return f"cancelled {request_id}" in server.inference_log
 
 
 INSPECT = Case(
     "held inspection",
     body=lambda server: inspection(server, "hang"),
     held=inspection_child,
-    gone=lambda server, pid: not alive(pid) and server.inspector.running == 0,
+    gone=lambda server, pid: not pid_exists(pid) and server.inspector.running == 0,
     free=next_inspection_not_refused,
     meanwhile=inspections_refused,
 )

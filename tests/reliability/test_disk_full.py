@@ -28,9 +28,10 @@ from finetune_studio.api.deps import Studio
 from finetune_studio.config import Settings
 from finetune_studio.jobs.service import make_status
 from finetune_studio.jobs.store import JobStore
-from tests.conftest import SmallDisk, collect, job_request, phases, wait_for
-from tests.reliability.conftest import InstantLauncher, dataset, start_body
-from tests.reliability.hooked_child import HookedLauncher, Hooks
+from tests.helpers.disks import SmallDisk
+from tests.helpers.hooked_child import HookedLauncher, Hooks
+from tests.helpers.jobs import InstantLauncher, collect, dataset, job_request, phases, start_body
+from tests.helpers.polling import wait_for
 
 ROW = {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]}
 ADVICE = "Free space on the disk that holds the data directory"

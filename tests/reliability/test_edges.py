@@ -12,8 +12,8 @@ import httpx
 import pytest
 
 from finetune_studio.supervisor.launcher import child_environment
-from tests.conftest import wait_for
-from tests.reliability.conftest import InstantLauncher, dataset, start_body
+from tests.helpers.jobs import InstantLauncher, dataset, start_body
+from tests.helpers.polling import wait_for
 
 TOKEN = "edges-token-0123456789"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

@@ -16,9 +16,10 @@ import pytest
 from finetune_studio.bounds import MAX_DETAILS_BYTES, MAX_WARNINGS
 from finetune_studio.supervisor.launcher import LocalProcessHandle, LocalProcessLauncher
 from finetune_studio.wire import MAX_MESSAGE_BYTES
-from tests.conftest import collect, phases, wait_for
-from tests.reliability.conftest import dataset, start_body
-from tests.reliability.loud_worker import LoudLauncher, MiB
+from tests.helpers.children import NAN_WORKER
+from tests.helpers.jobs import collect, dataset, phases, start_body
+from tests.helpers.loud_worker import LoudLauncher, MiB
+from tests.helpers.polling import wait_for
 
 
 def test_a_childs_oversized_statuses_are_cut_to_size_and_none_is_lost(live_server: Any, tmp_path: Path) -> None:
@@ -43,7 +44,7 @@ def test_a_childs_oversized_statuses_are_cut_to_size_and_none_is_lost(live_serve
 
 
 def test_a_non_finite_loss_is_stored_and_streamed_as_null(live_server: Any, tmp_path: Path) -> None:
-    server = live_server(LocalProcessLauncher(module="tests.reliability.nan_worker"))
+    server = live_server(LocalProcessLauncher(module=NAN_WORKER))
     with server.client() as client:
         job_id = client.start(start_body(dataset(tmp_path)))
         wait_for(lambda: client.status(job_id)["phase"] == "completed", what="the job to complete")

@@ -1,5 +1,5 @@
 """Exports as jobs (docs/API.md, Export), server side, with a stand-in export child
-(tests/reliability/fake_export_worker.py) that speaks the export wire and writes
+(tests/helpers/stand_in_export_worker.py) that speaks the export wire and writes
 small files: phases, events and replay, its own slot, stop, failures, the download
 with HTTP Range, and every refusal. llama.cpp itself is tested with the real child
 (EXPORT-CHILD's tests); these tests are about the machinery around it.
@@ -23,44 +23,18 @@ from fastapi.testclient import TestClient
 from finetune_studio.api.app import create_app
 from finetune_studio.api.routes import export as export_routes
 from finetune_studio.atomic import partial_path
-from finetune_studio.cli.client import StreamEvent, StudioClient, StudioError
+from finetune_studio.cli.client import StudioError
 from finetune_studio.config import Settings
 from finetune_studio.jobs.service import JobService
 from finetune_studio.jobs.store import JobStore
 from finetune_studio.supervisor.launcher import WorkerExit
 from finetune_studio.wire import WorkerSpec
-from tests.conftest import wait_for
-from tests.reliability.conftest import InstantHandle, InstantLauncher, LiveServer, dataset, start_body
-from tests.reliability.test_stop import alive
+from tests.helpers.exports import events_of, trained_job
+from tests.helpers.jobs import InstantHandle, InstantLauncher, dataset, phases, start_body
+from tests.helpers.polling import wait_for
+from tests.helpers.processes import alive
 
 TOKEN = "export-test-token-0123456789"
-
-
-@pytest.fixture
-def tools_present(monkeypatch: pytest.MonkeyPatch) -> None:
-    """As if llama-cpp-python were installed (the stand-in child needs none of it)."""
-    monkeypatch.setattr(export_routes, "gguf_tools_problem", lambda: None)
-
-
-def trained_job(server: LiveServer, tmp_path: Path, full: bool = False) -> str:
-    """A completed training job with a saved adapter (or model, `full`) and its job.json."""
-    with server.client() as client:
-        job_id = client.start(start_body(dataset(tmp_path), max_steps=1))
-        wait_for(lambda: client.status(job_id)["phase"] == "completed", timeout=60, what="the training job")
-    folder = server.settings.jobs_dir / job_id
-    result = folder / ("model" if full else "adapter")
-    result.mkdir()
-    (result / ("config.json" if full else "adapter_config.json")).write_text("{}")
-    (folder / "job.json").write_text(json.dumps({"method": "full" if full else "lora"}))
-    return job_id
-
-
-def events_of(client: StudioClient, export_id: str, after: int = 0) -> list[StreamEvent]:
-    return list(client.stream(export_id, last_event_id=after, prefix="/export"))
-
-
-def phases(events: list[StreamEvent]) -> list[str]:
-    return [event.data["phase"] for event in events if event.kind == "status"]
 
 
 def files_in(folder: Path) -> list[str]:

@@ -2,7 +2,7 @@
 that build; finetune_studio/llama_build.py): it is taken, waits queued with the build's
 progress in its `idle` messages, and runs once the tools are there; without a build it
 is refused (400 `export_tools_missing`) as before. The build is a fake lock, record
-and log in tmp_path; the export child is the stand-in of test_export.py."""
+and log in tmp_path; the export child is the stand-in (tests/helpers/stand_in_export_worker.py)."""
 
 from __future__ import annotations
 
@@ -16,9 +16,10 @@ import pytest
 from finetune_studio import llama_build
 from finetune_studio.api.routes import export as export_routes
 from finetune_studio.supervisor import supervisor as supervisor_module
-from tests.conftest import wait_for
-from tests.reliability.test_export import events_of, phases, trained_job
-from tests.unit.test_llama_build import holding_lock, record
+from tests.helpers.exports import events_of, trained_job
+from tests.helpers.jobs import phases
+from tests.helpers.llama_build import holding_lock, record
+from tests.helpers.polling import wait_for
 
 
 class Tools:

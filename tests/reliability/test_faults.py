@@ -2,7 +2,7 @@
 
 Real children fail in three ways here, side by side (one server each): out of
 memory and a full disk are injected at the first training step by a test hook
-(tests/reliability/hooked_child.py); target_modules that match nothing is a real
+(tests/helpers/hooked_child.py); target_modules that match nothing is a real
 config_invalid. model_not_found and dataset_invalid with real children are in
 tests/integration/. The classifier itself, a SIGKILLed worker (worker_died) and a
 worker that will not exit are checked with the stand-in worker, without torch.
@@ -23,10 +23,13 @@ from finetune_studio.api.app import create_app
 from finetune_studio.config import Settings
 from finetune_studio.supervisor.launcher import LocalProcessLauncher, WorkerLauncher
 from finetune_studio.training.child import classify
-from tests.conftest import REPO, collect, job_request, phases, wait_for
-from tests.reliability.conftest import FAKE_WORKER, LiveServer, dataset, start_body
-from tests.reliability.hooked_child import HookedLauncher, Hooks
-from tests.reliability.test_stop import alive
+from tests.helpers.children import STAND_IN_WORKER
+from tests.helpers.hooked_child import HookedLauncher, Hooks
+from tests.helpers.jobs import collect, dataset, job_request, phases, start_body
+from tests.helpers.paths import REPO
+from tests.helpers.polling import wait_for
+from tests.helpers.processes import alive
+from tests.helpers.servers import LiveServer
 
 OOM_ADVICE = ("batch_size", "gradient_accumulation_steps", "max_seq_length")
 DISK_ADVICE = ("Free space", "save_steps")
@@ -98,10 +101,10 @@ def test_the_classifier_names_the_failure_and_the_fix(exc: BaseException, code: 
     assert all(word in text for word in advice), text
 
 
-def fake_worker_app(tmp_path: Path, **grace: float) -> tuple[Any, dict[str, Any]]:
+def stand_in_worker_app(tmp_path: Path, **grace: float) -> tuple[Any, dict[str, Any]]:
     """An app whose jobs run the stand-in worker, and a start body for it (3 steps)."""
     settings = Settings(data_dir=tmp_path / "data", **grace)
-    app = create_app(settings, launcher=LocalProcessLauncher(module=FAKE_WORKER))
+    app = create_app(settings, launcher=LocalProcessLauncher(module=STAND_IN_WORKER))
     return app, start_body(dataset(tmp_path), max_steps=None)
 
 
@@ -110,7 +113,7 @@ def test_a_sigkilled_worker_ends_in_worker_died_naming_the_signal_and_the_likely
 ) -> None:
     monkeypatch.chdir(REPO)
     monkeypatch.setenv("FAKE_WORKER_GO", str(tmp_path / "never"))  # holds the stand-in before its first step
-    app, body = fake_worker_app(tmp_path, stop_grace_seconds=5, kill_grace_seconds=1)
+    app, body = stand_in_worker_app(tmp_path, stop_grace_seconds=5, kill_grace_seconds=1)
     with TestClient(app, base_url="http://127.0.0.1") as client:
         victim = client.post("/train/start", json=body).json()["job_id"]
         after = client.post("/train/start", json=body).json()["job_id"]
@@ -138,7 +141,7 @@ def test_a_worker_that_does_not_exit_after_its_end_is_killed_and_the_queue_moves
 ) -> None:
     monkeypatch.chdir(REPO)
     monkeypatch.setenv("FAKE_WORKER_LINGER", "1")
-    app, body = fake_worker_app(tmp_path, stop_grace_seconds=0.5, kill_grace_seconds=0.5)
+    app, body = stand_in_worker_app(tmp_path, stop_grace_seconds=0.5, kill_grace_seconds=0.5)
     with TestClient(app, base_url="http://127.0.0.1") as client:
         first, second = (client.post("/train/start", json=body).json()["job_id"] for _ in range(2))
         done = wait_for(

@@ -30,7 +30,8 @@ from hypothesis import strategies as st
 
 from finetune_studio.api.app import create_app
 from finetune_studio.config import Settings
-from tests.reliability.conftest import InstantLauncher, LiveServer, dataset, start_body
+from tests.helpers.jobs import InstantLauncher, dataset, start_body
+from tests.helpers.servers import LiveServer
 
 TOKEN = "fuzz-token-0123456789"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

@@ -27,8 +27,9 @@ from pydantic import ValidationError
 from finetune_studio.api.app import create_app
 from finetune_studio.config import Settings
 from finetune_studio.wire import WorkerSpec
-from tests.conftest import ScriptedWorker, wait_for
-from tests.reliability.conftest import InstantLauncher, LiveServer, dataset, start_body
+from tests.helpers.jobs import InstantLauncher, ScriptedWorker, dataset, start_body
+from tests.helpers.polling import wait_for
+from tests.helpers.servers import LiveServer
 
 TOKEN = "host-origin-test-token-0123456789"
 SETTING = "FINETUNE_STUDIO_SERVER_NAMES"

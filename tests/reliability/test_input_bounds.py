@@ -11,7 +11,6 @@ status, its shape (OpenAI's under /v1) and the parameter it names.
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,9 +21,10 @@ from fastapi.testclient import TestClient
 
 from finetune_studio.api.app import UPLOAD_FORM_BYTES, create_app
 from finetune_studio.config import Settings
-from tests.conftest import wait_for
-from tests.reliability.conftest import InstantLauncher, LiveServer, dataset, start_body
-from tests.reliability.test_export import tools_present, trained_job  # noqa: F401 - a fixture
+from tests.helpers.exports import trained_job
+from tests.helpers.jobs import InstantLauncher, dataset, finished_job, start_body
+from tests.helpers.polling import wait_for
+from tests.helpers.servers import LiveServer
 
 ROW = {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]}
 LINE = (json.dumps(ROW) + "\n").encode()
@@ -40,17 +40,6 @@ def client(tmp_path: Path) -> Iterator[TestClient]:
         yield client
 
 
-def finished_job(client: TestClient, tmp_path: Path) -> str:
-    answer = client.post("/train/start", json=start_body(dataset(tmp_path)))
-    assert answer.status_code == 200, answer.text
-    job_id = str(answer.json()["job_id"])
-    deadline = time.monotonic() + 30
-    while client.get(f"/train/status/{job_id}").json()["phase"] != "completed":
-        assert time.monotonic() < deadline, "the instant job did not complete"
-        time.sleep(0.02)
-    return job_id
-
-
 def openai_error(answer: Any, status: int, param: str) -> str:
     assert answer.status_code == status, answer.text
     body = answer.json()
@@ -63,7 +52,7 @@ def openai_error(answer: Any, status: int, param: str) -> str:
 
 
 def test_cursors_past_sqlite_integers_are_400_naming_after(client: TestClient, tmp_path: Path) -> None:
-    job = finished_job(client, tmp_path)
+    job = finished_job(client, start_body(dataset(tmp_path)))
     for digits in (TOO_BIG, "9" * 5000):  # past SQLite's integers; past what Python reads as a number at all
         events = client.get(f"/v1/fine_tuning/jobs/{job}/events", params={"after": f"ftevent-{job}-{digits}"})
         assert "past the largest this server gives out" in openai_error(events, 400, "after")
@@ -81,7 +70,7 @@ def test_cursors_past_sqlite_integers_are_400_naming_after(client: TestClient, t
 def test_page_sizes_and_event_ids_out_of_range_are_400_under_v1_and_422_elsewhere(
     client: TestClient, tmp_path: Path, value: str
 ) -> None:
-    job = finished_job(client, tmp_path)
+    job = finished_job(client, start_body(dataset(tmp_path)))
     for path in ("/v1/files", "/v1/fine_tuning/jobs", f"/v1/fine_tuning/jobs/{job}/events",
                  f"/v1/fine_tuning/jobs/{job}/checkpoints"):
         openai_error(client.get(path, params={"limit": value}), 400, "limit")
@@ -193,7 +182,7 @@ def test_a_malformed_range_is_ignored_on_a_files_content(client: TestClient) -> 
 
 
 def test_a_malformed_range_is_ignored_on_an_export_download_and_a_running_export_holds_its_job(
-    live_server: Any, tmp_path: Path, tools_present: None, monkeypatch: pytest.MonkeyPatch  # noqa: F811
+    live_server: Any, tmp_path: Path, tools_present: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     server: LiveServer = live_server()
     job_id = trained_job(server, tmp_path)
@@ -226,7 +215,7 @@ def test_a_malformed_range_is_ignored_on_an_export_download_and_a_running_export
 
 
 def test_a_pause_checkpoint_is_listed_beside_the_epoch_ones(client: TestClient, tmp_path: Path) -> None:
-    job = finished_job(client, tmp_path)
+    job = finished_job(client, start_body(dataset(tmp_path)))
     checkpoints = client.app.state.studio.settings.jobs_dir / job / "checkpoints"  # type: ignore[attr-defined]
     for step, epoch in ((3, 0.75), (4, 1.0), (8, 2.0)):  # 4 steps an epoch; a pause after step 3
         folder = checkpoints / f"checkpoint-{step}"

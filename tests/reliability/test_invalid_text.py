@@ -25,8 +25,8 @@ from finetune_studio.api.admission import PATH_FIELDS, PATH_LIST_FIELDS, PATH_OR
 from finetune_studio.jobs.service import JobService
 from finetune_studio.jobs.store import JobStore
 from finetune_studio.schemas import TrainingStartRequest, TrainingStatus
-from tests.conftest import job_request, wait_for
-from tests.reliability.conftest import InstantLauncher, dataset, start_body
+from tests.helpers.jobs import InstantLauncher, dataset, job_request, start_body
+from tests.helpers.polling import wait_for
 
 SURROGATE = "\ud800"
 JSON_TYPE = {"content-type": "application/json"}

@@ -14,8 +14,10 @@ from fastapi.testclient import TestClient
 from finetune_studio.api.app import create_app
 from finetune_studio.config import Settings, get_settings
 from finetune_studio.supervisor.launcher import LocalProcessLauncher
-from tests.conftest import REPO, wait_for
-from tests.reliability.conftest import FAKE_WORKER, InstantLauncher, dataset, start_body
+from tests.helpers.children import STAND_IN_WORKER
+from tests.helpers.jobs import InstantLauncher, dataset, start_body
+from tests.helpers.paths import REPO
+from tests.helpers.polling import wait_for
 
 
 @pytest.fixture
@@ -98,7 +100,7 @@ def test_the_queue_length_comes_from_the_environment_and_is_enforced(
     settings = get_settings(data_dir=tmp_path / "data", stop_grace_seconds=5.0, kill_grace_seconds=1.0)
     assert settings.max_queued_jobs == 3
     body = start_body(dataset(tmp_path))
-    with TestClient(create_app(settings, launcher=LocalProcessLauncher(module=FAKE_WORKER)), base_url="http://127.0.0.1") as client:
+    with TestClient(create_app(settings, launcher=LocalProcessLauncher(module=STAND_IN_WORKER)), base_url="http://127.0.0.1") as client:
         running = client.post("/train/start", json=body).json()["job_id"]
         wait_for(lambda: client.get(f"/train/status/{running}").json()["phase"] == "configuring", timeout=60,
                  what="the first job to run")

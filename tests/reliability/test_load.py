@@ -1,7 +1,7 @@
 """Load: many start requests at once, and many clients on one stream.
 
 The 50-job and 200-client cases run the app under a real uvicorn with the stand-in
-worker (tests/reliability/fake_worker.py), so they measure the server, not torch;
+worker (tests/helpers/stand_in_worker.py), so they measure the server, not torch;
 a smaller case runs real training children."""
 
 from __future__ import annotations
@@ -18,8 +18,9 @@ import httpx
 import pytest
 
 from finetune_studio.cli.client import parse_sse
-from tests.conftest import ServerProcess, collect, job_request, phases, wait_for
-from tests.reliability.conftest import dataset, start_body
+from tests.helpers.jobs import collect, dataset, job_request, phases, start_body
+from tests.helpers.polling import wait_for
+from tests.helpers.servers import ServerProcess
 
 SEED_ORDER = ["idle", "loading_model", "loading_dataset", "configuring", "training", "completed"]
 TERMINAL = {"completed", "error", "stopped"}

@@ -24,9 +24,10 @@ import pytest
 
 from finetune_studio.config import Settings
 from finetune_studio.schemas import QUEUED_WARNINGS, WITHHELD_SECRETS, TrainingStartRequest
-from tests.conftest import wait_for
-from tests.reliability.conftest import LiveServer, dataset, start_body
-from tests.reliability.loud_worker import LoudLauncher
+from tests.helpers.jobs import dataset, start_body
+from tests.helpers.loud_worker import LoudLauncher
+from tests.helpers.polling import wait_for
+from tests.helpers.servers import LiveServer
 
 MB = 1_000_000
 STEPS = 20_000  # about 6 MB of progress events, after 4 statuses that each tried to be 4 MiB

@@ -21,7 +21,7 @@ from finetune_studio.errors import StudioError
 from finetune_studio.jobs import service as service_module
 from finetune_studio.jobs.service import JobService
 from finetune_studio.jobs.store import JobStore
-from tests.reliability.conftest import InstantLauncher, dataset, start_body
+from tests.helpers.jobs import InstantLauncher, dataset, start_body
 
 TOKEN = "t0ken-for-path-tests"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

@@ -15,8 +15,7 @@ import httpx
 import pytest
 
 from finetune_studio.cli.client import parse_sse
-from tests.conftest import collect, phases
-from tests.reliability.conftest import dataset, start_body
+from tests.helpers.jobs import collect, dataset, phases, start_body
 
 SEED_ORDER = ["idle", "loading_model", "loading_dataset", "configuring", "training", "completed"]
 

@@ -21,9 +21,9 @@ from finetune_studio.config import Settings
 from finetune_studio.jobs.service import JobService
 from finetune_studio.jobs.store import JobStore
 from finetune_studio.wire import last_checkpoint
-from tests.conftest import wait_for
-from tests.reliability.conftest import InstantLauncher
-from tests.reliability.test_stop import alive
+from tests.helpers.jobs import InstantLauncher
+from tests.helpers.polling import wait_for
+from tests.helpers.processes import alive
 
 
 def _leave_job(service: JobService, phase_path: list[str]) -> str:

@@ -15,7 +15,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import ServerProcess, job_request, wait_for
+from tests.helpers.jobs import job_request
+from tests.helpers.polling import wait_for
+from tests.helpers.servers import ServerProcess
 
 pytestmark = pytest.mark.train
 

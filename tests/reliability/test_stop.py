@@ -1,6 +1,6 @@
 """Stop in every phase: the job ends `stopped`, and its training child is gone.
 
-A real child is held in each phase by a test hook (tests/reliability/hooked_child.py,
+A real child is held in each phase by a test hook (tests/helpers/hooked_child.py,
 started by the server's HookedLauncher): it announces the phase, then waits there
 until the stop arrives, and goes on exactly as it would have. One server per phase,
 all started at once, so the four children load torch side by side.
@@ -14,23 +14,16 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import collect, job_request, phases, wait_for
-from tests.reliability.conftest import LiveServer
-from tests.reliability.hooked_child import HookedLauncher, Hooks
+from tests.helpers.hooked_child import HookedLauncher, Hooks
+from tests.helpers.jobs import collect, job_request, phases
+from tests.helpers.polling import wait_for
+from tests.helpers.processes import alive
+from tests.helpers.servers import LiveServer
 
 pytestmark = pytest.mark.train
 
 RUNNING_PHASES = ["loading_model", "loading_dataset", "configuring", "training"]
 SEED_ORDER = ["idle", "loading_model", "loading_dataset", "configuring", "training", "completed"]
-
-
-def alive(pid: int) -> bool:
-    """True while pid is a live process (a zombie has freed its memory)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in ("Z", "X")
 
 
 def test_stop_in_every_phase_ends_stopped_and_the_child_is_gone(live_server: Any, tiny_model: Path, tmp_path: Path) -> None:

@@ -21,8 +21,11 @@ import httpx
 import psutil
 import pytest
 
-from tests.conftest import SmallDisk, wait_for
-from tests.reliability.conftest import FAKE_WORKER, LiveServer, dataset, start_body
+from tests.helpers.children import STAND_IN_EXPORT_WORKER, STAND_IN_WORKER
+from tests.helpers.disks import SmallDisk
+from tests.helpers.jobs import dataset, start_body
+from tests.helpers.polling import wait_for
+from tests.helpers.servers import LiveServer
 
 _WRITES = ("insert", "update", "delete", "begin", "replace")
 
@@ -56,7 +59,7 @@ def our_workers() -> list[psutil.Process]:
     found = []
     for child in psutil.Process().children(recursive=True):
         try:
-            if FAKE_WORKER in " ".join(child.cmdline()) and child.status() != psutil.STATUS_ZOMBIE:
+            if STAND_IN_WORKER in " ".join(child.cmdline()) and child.status() != psutil.STATUS_ZOMBIE:
                 found.append(child)
         except psutil.Error:
             continue
@@ -103,7 +106,7 @@ def failing_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[
     monkeypatch.setenv("FAKE_WORKER_LOG", str(tmp_path / "workers.log"))
     monkeypatch.setenv("FAKE_WORKER_STEP_S", "0.05")
     settings = Settings(data_dir=tmp_path / "data", stop_grace_seconds=5, kill_grace_seconds=1)
-    with LiveServer(settings, LocalProcessLauncher(module=FAKE_WORKER)) as server:
+    with LiveServer(settings, LocalProcessLauncher(module=STAND_IN_WORKER)) as server:
         store = server.app.state.studio.service.store
         connection = FailingConnection(store._db)
         store._db = connection
@@ -195,11 +198,10 @@ def test_a_full_disk_under_the_data_dir_never_starts_more_children_than_slots(
 ) -> None:
     from finetune_studio.config import Settings
     from finetune_studio.supervisor.launcher import LocalProcessLauncher
-    from tests.reliability.conftest import FAKE_EXPORT_WORKER
 
     monkeypatch.setenv("FAKE_WORKER_STEP_S", "0.02")
     settings = Settings(data_dir=small_disk.path / "data", stop_grace_seconds=5, kill_grace_seconds=1)
-    server = LiveServer(settings, LocalProcessLauncher(module=FAKE_WORKER), LocalProcessLauncher(module=FAKE_EXPORT_WORKER))
+    server = LiveServer(settings, LocalProcessLauncher(module=STAND_IN_WORKER), LocalProcessLauncher(module=STAND_IN_EXPORT_WORKER))
     with server, server.client() as client:
         data = dataset(tmp_path)
         done = client.start(start_body(data, max_steps=2))

@@ -19,7 +19,7 @@ from finetune_studio.api.app import create_app
 from finetune_studio.cli.local_server import free_port
 from finetune_studio.config import MIN_TOKEN_CHARS, Settings, get_settings
 from finetune_studio.errors import UnsafeSettings
-from tests.reliability.conftest import InstantLauncher
+from tests.helpers.jobs import InstantLauncher
 
 GOOD = "correct-horse-battery-staple"
 

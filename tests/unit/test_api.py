@@ -1,9 +1,9 @@
-"""The API in-process with scripted workers: routes, errors, auth and the supervisor's
-stop escalation, without the cost of real training."""
+"""The API in-process with scripted workers (tests/helpers/stand_in_worker.py's scripts:
+polite, gated, stubborn, crash): routes, errors, auth and the supervisor's stop
+escalation, without the cost of real training."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,19 +14,20 @@ from fastapi.testclient import TestClient
 from finetune_studio.api.app import create_app
 from finetune_studio.config import Settings
 from finetune_studio.supervisor.launcher import LocalProcessLauncher
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.helpers.children import STAND_IN_WORKER
+from tests.helpers.paths import REPO
+from tests.helpers.polling import wait_for
 
 
 def make_client(tmp_path: Path, **settings: Any) -> TestClient:
     config = Settings(data_dir=tmp_path, stop_grace_seconds=0.5, kill_grace_seconds=0.5, **settings)
-    app = create_app(config, launcher=LocalProcessLauncher(module="tests.unit.scripted_worker"))
+    app = create_app(config, launcher=LocalProcessLauncher(module=STAND_IN_WORKER))
     return TestClient(app, base_url="http://127.0.0.1")
 
 
 @pytest.fixture
 def client(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[TestClient]:
-    monkeypatch.chdir(REPO)  # the scripted worker is imported from the repository
+    monkeypatch.chdir(REPO)  # the stand-in worker is imported from the repository
     with make_client(tmp_path) as test_client:
         yield test_client
 
@@ -47,11 +48,8 @@ def events(client: TestClient, job_id: str) -> list[tuple[str, dict]]:
 
 
 def wait_phase(client: TestClient, job_id: str, phase: str) -> None:
-    for _ in range(400):
-        if client.get(f"/train/status/{job_id}").json()["phase"] == phase:
-            return
-        time.sleep(0.025)
-    raise AssertionError(f"{job_id} never reached {phase}")
+    wait_for(lambda: client.get(f"/train/status/{job_id}").json()["phase"] == phase, timeout=10, interval=0.025,
+             what=f"{job_id} to reach {phase}")
 
 
 def test_health_and_openapi(client: TestClient) -> None:
@@ -81,11 +79,12 @@ def test_progress_is_204_until_a_step_then_the_latest(client: TestClient, tmp_pa
         response = client.get(f"/train/progress/{job_id}")
         assert (response.status_code, response.content) == (204, b""), (job_id, response.text)
     (tmp_path / "jobs" / running / "go").touch()
-    for _ in range(400):
-        response = client.get(f"/train/progress/{running}")
-        if response.status_code != 204:
-            break
-        time.sleep(0.025)
+
+    def first_step() -> Any:
+        answer = client.get(f"/train/progress/{running}")
+        return answer if answer.status_code != 204 else None
+
+    response = wait_for(first_step, timeout=10, interval=0.025, what="the first step's progress")
     assert response.status_code == 200 and response.json()["step"] == 1, response.text
     client.post(f"/train/stop/{queued}")
     client.post(f"/train/stop/{running}")

@@ -22,7 +22,7 @@ from finetune_studio.inference import models
 from finetune_studio.inference.chat_model import BaseKey
 from finetune_studio.inference.models import LoadedModel
 from finetune_studio.inference.pool import ModelPool
-from tests.unit.test_inference_engine import (
+from tests.helpers.inference_engine import (
     QUESTION,
     Recorder,
     answer_of,

@@ -1,144 +1,29 @@
-"""The OpenAI-compatible routes with a stand-in inference child (fake_inference_child.py)
-and in-process stand-in training jobs: every route's shape and error, through the
-official `openai` SDK where it can be, against the app under a real uvicorn."""
+"""The OpenAI-compatible routes with a stand-in inference child (tests/helpers/stand_in_chat_child.py)
+and in-process stand-in training jobs (tests/helpers/chat.py): every route's shape and
+error, through the official `openai` SDK where it can be, against the app under a real uvicorn."""
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import signal
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import httpx
 import openai
 import psutil
 import pytest
-import uvicorn
 
-from finetune_studio.api.app import create_app
-from finetune_studio.api.deps import Studio
-from finetune_studio.cli.local_server import free_port
-from finetune_studio.config import Settings
-from finetune_studio.wire import JobFolder, WorkerSpec
-from tests.conftest import REPO, ScriptedWorker, wait_for
-
-TOKEN = "chat-test-token-0123456789"
-FAKE_CHILD = "tests.unit.fake_inference_child"
-BASE = "some-org/base-model"
-
-
-class ScriptedJob(ScriptedWorker):
-    """A training job that is no process. Its request's `project_name` says what it does:
-    `lora` and `full` save an adapter (a model) and complete; `fail` fails before saving;
-    `hold` trains until stopped, then stops without saving; `hold-save` saves when stopped."""
-
-    def __init__(self, spec: WorkerSpec) -> None:
-        super().__init__()
-        self.folder = JobFolder(spec.output_dir)
-        self.log_path = self.folder.log
-        self.mode = spec.request.get("project_name") or "lora"
-
-    def _save(self, method: str) -> dict[str, Any]:
-        self.folder.root.mkdir(parents=True, exist_ok=True)
-        record = {"base_model": {"kind": "hub", "location": BASE}, "method": method, "trust_remote_code": False}
-        self.folder.job_file.write_text(json.dumps(record))
-        saved = self.folder.model if method == "full" else self.folder.adapter
-        saved.mkdir()
-        return {f"{saved.name}_dir": str(saved), "model_name": BASE}  # as the real child's facts say
-
-    async def messages(self) -> AsyncIterator[dict[str, Any]]:
-        for phase in ("loading_model", "loading_dataset", "configuring", "training"):
-            yield {"type": "status", "phase": phase, "message": phase, "details": {}}
-        if self.mode in ("lora", "full"):
-            yield {"type": "status", "phase": "completed", "message": "done", "details": self._save(self.mode)}
-        elif self.mode == "fail":
-            yield {"type": "status", "phase": "error", "message": "failed", "error": "the data was bad",
-                   "details": {"error_code": "dataset_invalid"}}
-        else:
-            await self.stop.wait()
-            details = self._save("lora") if self.mode == "hold-save" else {}
-            yield {"type": "status", "phase": "stopped", "message": "stopped", "details": details}
-
-
-class ScriptedLauncher:
-    async def launch(self, spec: WorkerSpec) -> ScriptedJob:
-        return ScriptedJob(spec)
-
-
-class ChatServer:
-    """create_app with the stand-in child, under uvicorn on 127.0.0.1 in a thread of this process."""
-
-    def __init__(self, data_dir: Path, **settings: Any) -> None:
-        self.settings = Settings(data_dir=data_dir, token=TOKEN, stop_grace_seconds=5, kill_grace_seconds=2,
-                                 max_concurrent_jobs=4, **settings)
-        self.app = create_app(self.settings, ScriptedLauncher(), inference_module=FAKE_CHILD)
-        self.url = f"http://127.0.0.1:{free_port()}"
-        config = uvicorn.Config(self.app, host="127.0.0.1", port=int(self.url.rsplit(":", 1)[1]), log_level="warning",
-                                ws="none", lifespan="on", timeout_graceful_shutdown=3)
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.http = httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=60)
-        self.clients: dict[str, openai.OpenAI] = {}
-
-    def __enter__(self) -> ChatServer:
-        self.thread.start()
-        wait_for(lambda: self.server.started or not self.thread.is_alive(), timeout=30, what="uvicorn to start")
-        assert self.server.started
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.http.close()
-        for client in self.clients.values():
-            client.close()
-        self.server.should_exit = True
-        self.thread.join(timeout=60)
-
-    @property
-    def studio(self) -> Studio:
-        return self.app.state.studio  # type: ignore[no-any-return]
-
-    @property
-    def log(self) -> str:
-        path = self.settings.data_dir / "inference.log"
-        return path.read_text() if path.exists() else ""
-
-    def sdk(self, api_key: str = TOKEN) -> openai.OpenAI:
-        """The official client, with no retries: each test sees the server's first answer."""
-        if api_key not in self.clients:
-            self.clients[api_key] = openai.OpenAI(base_url=f"{self.url}/v1", api_key=api_key, max_retries=0, timeout=60)
-        return self.clients[api_key]
-
-    def job(self, mode: str, phase: Optional[str] = None) -> str:
-        data = self.settings.data_dir / "d.jsonl"
-        data.write_text('{"text": "x"}\n')
-        body = {"model_name": BASE, "training_type": "LoRA/QLoRA", "format_type": "raw", "local_datasets": [str(data)],
-                "project_name": mode}
-        job_id = str(self.http.post("/train/start", json=body).json()["job_id"])
-        if phase:
-            wait_for(lambda: self.http.get(f"/train/status/{job_id}").json()["phase"] == phase, timeout=30,
-                     what=f"job {job_id} to reach {phase}")
-        return job_id
-
-
-@contextlib.contextmanager
-def chat_server(tmp_path_factory: pytest.TempPathFactory, name: str) -> Iterator[ChatServer]:
-    """A ChatServer on a new data dir, for a module's `server` fixture."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.chdir(REPO)  # the stand-in child is imported from the repository
-        with ChatServer(tmp_path_factory.mktemp(name) / "data") as running:
-            yield running
-
-
-def wait_for_an_idle_child(request: pytest.FixtureRequest) -> None:
-    """After a test that used the module's `server`: every request it made of the child
-    has ended (answered, cancelled or failed), so none is left behind for the next."""
-    if "server" in request.fixturenames:
-        running: ChatServer = request.getfixturevalue("server")
-        wait_for(lambda: running.studio.inference.active == 0, timeout=30, what="the child's requests to end")
+from tests.helpers.chat import (
+    BASE,
+    ChatServer,
+    chat_server,
+    kill_the_child_once_it_holds,
+    wait_for_an_idle_child,
+)
+from tests.helpers.paths import REPO
+from tests.helpers.polling import wait_for
 
 
 @pytest.fixture(scope="module")
@@ -230,6 +115,26 @@ def test_the_sampling_parameters_reach_the_child(server: ChatServer, jobs: dict[
         model=jobs["lora"], messages=[{"role": "developer", "content": "be brief"},
                                       {"role": "user", "content": [{"type": "text", "text": "two "}, {"type": "text", "text": "parts"}]}])
     assert answer.choices[0].message.content == "two parts"
+
+
+def test_logprobs_reach_the_child_and_come_back_in_openais_shape(server: ChatServer, jobs: dict[str, str]) -> None:
+    sdk = server.sdk()
+    plain = sdk.chat.completions.create(model=jobs["lora"], messages=user("__params__"))
+    assert "logprobs" not in json.loads(plain.choices[0].message.content or "") and plain.choices[0].logprobs is None
+    asked = sdk.chat.completions.create(model=jobs["lora"], messages=user("__params__"), logprobs=True, top_logprobs=2)
+    assert {key: value for key, value in json.loads(asked.choices[0].message.content or "").items()
+            if "logprobs" in key} == {"logprobs": True, "top_logprobs": 2}
+
+    answer = sdk.chat.completions.create(model=jobs["lora"], messages=user("one two three"), logprobs=True, top_logprobs=2)
+    content = answer.choices[0].logprobs.content if answer.choices[0].logprobs else None
+    assert content is not None and [token.token for token in content] == ["one ", "two ", "three"]
+    assert all(token.logprob == -0.5 and token.bytes == list(token.token.encode()) for token in content)
+    assert [[(top.token, top.logprob) for top in token.top_logprobs] for token in content] == [[("alt1", -1.0), ("alt2", -1.5)]] * 3
+    # Streamed: each chunk carries the logprobs of its tokens.
+    chunks = list(sdk.chat.completions.create(model=jobs["lora"], messages=user("one two three"), logprobs=True, stream=True))
+    streamed = [token for chunk in chunks if chunk.choices and chunk.choices[0].logprobs
+                for token in chunk.choices[0].logprobs.content or []]
+    assert [token.token for token in streamed] == ["one ", "two ", "three"] and all(not t.top_logprobs for t in streamed)
 
 
 def test_stop_and_max_tokens_end_the_answer(server: ChatServer, jobs: dict[str, str]) -> None:
@@ -325,6 +230,7 @@ def test_a_queued_job_and_an_unknown_model_are_404(server: ChatServer, jobs: dic
     [({"n": 2}, "n"), ({"max_tokens": -1}, "max_tokens"), ({"max_completion_tokens": 0}, "max_completion_tokens"),
      ({"temperature": 3}, "temperature"), ({"temperature": -0.1}, "temperature"), ({"top_p": 0}, "top_p"),
      ({"top_p": 1.5}, "top_p"), ({"stop": [""]}, "stop"), ({"messages": []}, "messages"),
+     ({"logprobs": True, "top_logprobs": 6}, "top_logprobs"), ({"top_logprobs": 2}, "top_logprobs"),
      ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),
      ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, "messages[0].content")],
 )
@@ -389,14 +295,6 @@ def test_a_failure_in_the_child_is_a_500_in_openais_shape(server: ChatServer, jo
 # -- the child's life -----------------------------------------------------------
 
 
-def kill_the_child_once_it_holds(server: ChatServer, requests: int) -> int:
-    wait_for(lambda: server.studio.inference.active == requests, timeout=30, what="the request to reach the child")
-    pid = server.studio.inference.pid
-    assert pid is not None
-    os.kill(pid, signal.SIGKILL)
-    return pid
-
-
 def test_a_killed_child_answers_503_with_the_reason_and_the_next_request_starts_a_new_one(
     server: ChatServer, jobs: dict[str, str]
 ) -> None:
@@ -439,6 +337,7 @@ def test_a_training_job_that_starts_unloads_the_childs_models(server: ChatServer
     server.job("lora", "completed")
     wait_for(lambda: server.log.count("unloaded") == unloads + 1, timeout=30, what="the child to be told to unload")
     assert f"args --max-loaded 1 --idle-seconds {server.settings.inference_idle_seconds}" in server.log
+    assert f"--max-batch-size {server.settings.max_batch_size}" in server.log
 
 
 def test_the_child_stops_with_the_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,7 +1,7 @@
 """`finetune-studio chat`: the requests a conversation makes (against a stand-in
 transport), and the command against the chat routes of a real app with the stand-in
-inference child (fake_inference_child.py, which echoes the last user message word by
-word), called in-process and run as a real subprocess."""
+inference child (tests/helpers/stand_in_chat_child.py, which echoes the last user
+message word by word), called in-process and run as a real subprocess."""
 
 from __future__ import annotations
 
@@ -21,8 +21,7 @@ from finetune_studio.cli.chat import Conversation, Terminal, converse, run_chat
 from finetune_studio.cli.client import StudioClient
 from finetune_studio.cli.local_server import free_port
 from finetune_studio.cli.main import main
-from tests.conftest import wait_for
-from tests.unit.test_chat_api import (
+from tests.helpers.chat import (
     BASE,
     TOKEN,
     ChatServer,
@@ -30,6 +29,7 @@ from tests.unit.test_chat_api import (
     kill_the_child_once_it_holds,
     wait_for_an_idle_child,
 )
+from tests.helpers.polling import wait_for
 
 
 @pytest.fixture(scope="module")

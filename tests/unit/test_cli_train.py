@@ -15,8 +15,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from finetune_studio.api.routes.system import Recommended, SystemInfo
 from finetune_studio.cli.main import main
 from finetune_studio.cli.train import CPU_SETTINGS
-from tests.conftest import REPO
-from tests.unit.test_chat_api import BASE, TOKEN, ChatServer
+from tests.helpers.chat import BASE, TOKEN, ChatServer
+from tests.helpers.paths import REPO
 
 CPU_ONLY = {"cuda": False, "bitsandbytes": False, "recommended": Recommended(load_in_4bit=False, optim="adamw_torch")}
 CUDA_NO_BNB = {"cuda": True, "bitsandbytes": False, "recommended": Recommended(load_in_4bit=False, optim="adamw_torch")}

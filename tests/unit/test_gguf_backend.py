@@ -16,7 +16,7 @@ import pytest
 from finetune_studio.inference.chat_model import BaseKey
 from finetune_studio.inference.failures import RequestFailed
 from finetune_studio.wire import ModelRef
-from tests.unit.test_import_rules import SERVER_SIDE, loaded_by
+from tests.helpers.imports import SERVER_SIDE, loaded_by
 
 
 def gguf_ref(location: str, **extra: Any) -> ModelRef:

@@ -5,7 +5,6 @@ the slots are bounded (one more is refused at once), and a cancelled request kil
 from __future__ import annotations
 
 import asyncio
-import os
 from pathlib import Path
 from typing import Any
 
@@ -14,21 +13,14 @@ import pytest
 from finetune_studio.config import Settings
 from finetune_studio.errors import InspectionBusy, InspectionFailed
 from finetune_studio.supervisor.inspector import Inspector
-from tests.conftest import REPO, wait_for
+from tests.helpers.children import STAND_IN_INSPECT_CHILD
+from tests.helpers.paths import REPO
+from tests.helpers.polling import wait_for
+from tests.helpers.processes import pid_exists
 
-STAND_IN = "tests.unit.stand_in_inspect_child"
 
-
-def inspector(tmp_path: Path, module: str = STAND_IN, **settings: Any) -> Inspector:
+def inspector(tmp_path: Path, module: str = STAND_IN_INSPECT_CHILD, **settings: Any) -> Inspector:
     return Inspector(Settings(data_dir=tmp_path, **settings), module=module)
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def pid_in(path: Path) -> int:
@@ -37,7 +29,7 @@ def pid_in(path: Path) -> int:
 
 @pytest.fixture(autouse=True)
 def _at_the_repo_root(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.chdir(REPO)  # `python -m tests.unit...` finds the stand-in from here
+    monkeypatch.chdir(REPO)  # `python -m tests.helpers...` finds the stand-in from here
 
 
 def test_an_answer_is_read_past_whatever_else_the_child_printed(tmp_path: Path) -> None:
@@ -51,7 +43,7 @@ def test_a_hanging_child_is_killed_at_the_timeout(tmp_path: Path) -> None:
     with pytest.raises(InspectionFailed, match=r"took longer than 1 s and was stopped") as caught:
         asyncio.run(inspector(tmp_path, inspect_timeout_seconds=1).inspect(body))
     assert caught.value.status_code == 503
-    assert not alive(pid_in(tmp_path / "pid"))
+    assert not pid_exists(pid_in(tmp_path / "pid"))
 
 
 def test_a_crashing_child_is_reported_with_its_exit_and_log(tmp_path: Path) -> None:
@@ -82,7 +74,7 @@ def test_one_inspection_past_the_slots_is_refused_and_a_cancelled_one_kills_its_
         assert runner.running == 0
         return pid
 
-    assert not alive(asyncio.run(scenario()))
+    assert not pid_exists(asyncio.run(scenario()))
 
 
 def test_stopping_the_server_kills_a_running_inspection(tmp_path: Path) -> None:
@@ -95,7 +87,7 @@ def test_stopping_the_server_kills_a_running_inspection(tmp_path: Path) -> None:
         request = asyncio.ensure_future(runner.inspect(body))
         pid = await asyncio.to_thread(pid_in, tmp_path / "pid")
         await runner.shutdown()
-        assert not alive(pid)
+        assert not pid_exists(pid)
         with pytest.raises(InspectionFailed):
             await request
         assert runner.running == 0 and not runner.processes

@@ -20,7 +20,7 @@ import pytest
 from finetune_studio.training.datasets import jsonstream
 from finetune_studio.training.datasets.errors import DATASET_INVALID, NESTED_TOO_DEEPLY, BadRecord, DatasetError
 from finetune_studio.training.datasets.files import read_records
-from tests.whole_file_json import json_records, whole_text
+from tests.helpers.whole_file_json import json_records, whole_text
 
 GOOD = Path(__file__).resolve().parents[1] / "data" / "good"
 
@@ -35,7 +35,7 @@ TRICKY_ROWS: list[Any] = [
 
 
 def whole_file(path: Path) -> list[tuple[str, Any]]:
-    """What the whole-file parse (the reader before streaming, tests/whole_file_json.py) yields."""
+    """What the whole-file parse (the reader before streaming, tests/helpers/whole_file_json.py) yields."""
     records = json_records(path, whole_text(path))
     return [(where, _plain(record)) for where, record in records]
 

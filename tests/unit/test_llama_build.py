@@ -6,15 +6,12 @@ runner itself with a stand-in command (nothing is compiled here)."""
 from __future__ import annotations
 
 import asyncio
-import fcntl
 import json
 import os
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -22,26 +19,8 @@ import pytest
 
 from finetune_studio import llama_build
 from finetune_studio.api.routes import chat
-from tests.conftest import wait_for
-
-
-@contextmanager
-def holding_lock(folder: Path) -> Iterator[None]:
-    """Hold the build's lock as a running build does (an open file of its own, flock'd)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / llama_build.LOCK_FILE, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-def record(folder: Path, **fields: Any) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    log = folder / llama_build.LOG_FILE
-    (folder / llama_build.RECORD_FILE).write_text(json.dumps({"log": str(log), **fields}))
-    return log
+from tests.helpers.llama_build import holding_lock, record
+from tests.helpers.polling import wait_for
 
 
 def test_no_record_and_no_lock_is_absent(tmp_path: Path) -> None:

@@ -4,10 +4,9 @@ does not exist."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 import pytest
 from fastapi.testclient import TestClient
@@ -16,7 +15,7 @@ from finetune_studio.api.app import create_app
 from finetune_studio.api.deps import Studio
 from finetune_studio.api.routes import system
 from finetune_studio.config import Settings
-from tests.reliability.conftest import InstantLauncher, dataset, start_body
+from tests.helpers.jobs import InstantLauncher, dataset, finished_job, start_body
 
 TOKEN = "page-api-token-31c9"
 
@@ -29,17 +28,6 @@ def client(tmp_path: Path) -> Iterator[TestClient]:
 
 def studio_of(client: TestClient) -> Studio:
     return client.app.state.studio  # type: ignore[attr-defined,no-any-return]
-
-
-def finished_job(client: TestClient, body: dict[str, Any]) -> str:
-    answer = client.post("/train/start", json=body)
-    assert answer.status_code == 200, answer.text
-    job_id = str(answer.json()["job_id"])
-    deadline = time.monotonic() + 30
-    while client.get(f"/train/status/{job_id}").json()["phase"] != "completed":
-        assert time.monotonic() < deadline, "the instant job did not complete"
-        time.sleep(0.02)
-    return job_id
 
 
 def test_system_describes_the_machine_without_importing_torch(client: TestClient) -> None:

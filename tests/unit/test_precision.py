@@ -29,8 +29,8 @@ from finetune_studio.api.routes import system
 from finetune_studio.config import Settings
 from finetune_studio.hardware import CpuBf16, choose_precision, detect_cpu_bf16
 from finetune_studio.schemas import TrainingStartRequest
-from tests.conftest import DEMO_DATA
-from tests.reliability.conftest import InstantLauncher
+from tests.helpers.jobs import InstantLauncher
+from tests.helpers.paths import DEMO_DATA
 
 CPUINFO = """processor\t: 0
 vendor_id\t: GenuineIntel

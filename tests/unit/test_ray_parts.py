@@ -23,9 +23,9 @@ from finetune_studio.ray_train.sink import EventSink
 from finetune_studio.supervisor.launcher import RAY_DRIVER_MODULE, LocalProcessLauncher
 from finetune_studio.supervisor.ray_launcher import ray_launcher
 from finetune_studio.training.channel import Channel, StopSignal
-from tests.unit.test_import_rules import HEAVY, WEB, loaded_by
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.helpers.children import STAND_IN_WORKER
+from tests.helpers.imports import HEAVY, WEB, loaded_by
+from tests.helpers.paths import REPO
 
 
 def test_the_sink_hands_lines_over_in_the_order_they_were_sent() -> None:
@@ -143,7 +143,7 @@ def test_workers_are_refused_by_a_server_without_ray(
     data.write_text('{"text": "x"}\n')
     body = {"model_name": "m", "training_type": "LoRA/QLoRA", "format_type": "raw", "local_datasets": [str(data)], **extra}
     monkeypatch.chdir(REPO)  # the stand-in worker (it trains nothing) is imported from the repository
-    app = create_app(Settings(data_dir=tmp_path / "data"), launcher=LocalProcessLauncher(module="tests.unit.scripted_worker"))
+    app = create_app(Settings(data_dir=tmp_path / "data"), launcher=LocalProcessLauncher(module=STAND_IN_WORKER))
     with TestClient(app, base_url="http://127.0.0.1") as client:
         answer = client.post("/train/start", json=body)
         assert answer.status_code == 400

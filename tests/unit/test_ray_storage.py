@@ -18,7 +18,7 @@ pytest.importorskip("pyarrow.fs", reason="the storage tests need pyarrow (finetu
 from finetune_studio.atomic import is_partial  # noqa: E402 - after the skip
 from finetune_studio.ray_train import storage  # noqa: E402
 from finetune_studio.ray_train.storage import STORED, PathMap, StorageError, Store  # noqa: E402
-from tests.s3 import S3, credentials, s3_server  # noqa: E402
+from tests.helpers.s3 import S3, credentials, s3_server  # noqa: E402
 
 
 @pytest.fixture(scope="module")

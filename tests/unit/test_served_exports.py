@@ -12,7 +12,7 @@ import pytest
 from finetune_studio.api.served_models import resolve_model, served_models
 from finetune_studio.errors import ModelNotFound
 from finetune_studio.jobs.store import JobStore
-from tests.export_records import export_of, trained_job
+from tests.helpers.export_records import export_of, trained_job
 
 
 @pytest.fixture

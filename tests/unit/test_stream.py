@@ -11,7 +11,6 @@ reader calls only once it has read everything there is, and a test waits for tha
 from __future__ import annotations
 
 import asyncio
-import re
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -22,31 +21,11 @@ from finetune_studio.jobs import service as service_module
 from finetune_studio.jobs.feed import KEEPALIVE, EventFeed, sse_frame
 from finetune_studio.jobs.service import JobService
 from finetune_studio.jobs.store import JobStore, StoredEvent
-
-FRAME = re.compile(rb"event: (status|progress)\ndata: ([^\n]*)\nid: (\d+)\n\n")
+from tests.helpers.streams import ids, step, to_training
 
 
 def make_service(tmp_path: Path, **kwargs: float) -> JobService:
     return JobService(JobStore(tmp_path / "studio.db"), tmp_path / "jobs", **kwargs)
-
-
-def to_training(service: JobService) -> str:
-    job = service.create_job({}, "queued", {})
-    for phase in ("loading_model", "loading_dataset", "configuring", "training"):
-        service.transition(job.id, phase, phase)
-    return job.id
-
-
-def step(service: JobService, job_id: str, n: int) -> None:
-    service.record_progress(job_id, {"step": n, "total_steps": 10_000, "loss": 1.0, "learning_rate": 1e-4,
-                                     "progress_percent": 0.0, "epoch": 0.0, "elapsed_seconds": 1.0, "eta_seconds": 1.0})
-
-
-def ids(chunks: list[bytes]) -> list[int]:
-    text = b"".join(chunks).replace(KEEPALIVE, b"")
-    frames = FRAME.findall(text)
-    assert b"".join(b"event: %s\ndata: %s\nid: %s\n\n" % f for f in frames) == text, "a malformed frame"
-    return [int(f[2]) for f in frames]
 
 
 async def read_all(stream: AsyncIterator[bytes], chunks: list[bytes]) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 from finetune_studio.jobs.feed import CHUNK_BYTES, EventFeed
 from finetune_studio.jobs.service import JobService
 from finetune_studio.jobs.store import JobStore, StoredEvent
-from tests.unit.test_stream import ids, step, to_training
+from tests.helpers.streams import ids, step, to_training
 
 
 def test_the_feed_gives_at_most_max_bytes_and_a_large_frame_alone() -> None:

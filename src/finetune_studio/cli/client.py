@@ -155,7 +155,7 @@ class StudioClient:
         self, job_id: str, last_event_id: int = 0, retries: int = 30, prefix: str = "/train"
     ) -> Iterator[StreamEvent]:
         """Every event after last_event_id, reconnecting after a dropped connection
-        (an export's with prefix "/export")."""
+        (an export's with prefix "/export", an evaluation's with "/eval")."""
         cursor = last_event_id
         failures = 0
         while True:
@@ -180,6 +180,29 @@ class StudioClient:
             if failures > retries:
                 raise StudioError(f"lost the stream of job {job_id} and could not reconnect")
             time.sleep(min(0.2 * failures, 2.0))
+
+    # -- evaluations (docs/API.md, Evaluation) ---------------------------------
+
+    def start_eval(self, request: dict[str, Any]) -> str:
+        return str(self._request("POST", "/eval/start", json=request)["eval_id"])
+
+    def eval_status(self, eval_id: str) -> dict[str, Any]:
+        return self._request("GET", f"/eval/status/{eval_id}")  # type: ignore[no-any-return]
+
+    def stop_eval(self, eval_id: str) -> dict[str, Any]:
+        return self._request("POST", f"/eval/stop/{eval_id}")  # type: ignore[no-any-return]
+
+    def evals(self) -> list[dict[str, Any]]:
+        return self._request("GET", "/eval/jobs")["data"]  # type: ignore[no-any-return]
+
+    def eval_results(self, eval_id: str) -> dict[str, Any]:
+        return self._request("GET", f"/eval/results/{eval_id}")  # type: ignore[no-any-return]
+
+    def eval_samples(self, eval_id: str, suite: Optional[str] = None, offset: int = 0, limit: int = 100) -> dict[str, Any]:
+        params: dict[str, Any] = {"offset": offset, "limit": limit}
+        if suite:
+            params["suite"] = suite
+        return self._request("GET", f"/eval/results/{eval_id}/samples", params=params)  # type: ignore[no-any-return]
 
     # -- exports (docs/API.md, Export) ----------------------------------------
 

@@ -1,4 +1,4 @@
-"""The `finetune-studio` command: serve, train, watch, jobs, status, stop, chat, inspect, export, demo, make-tiny-model."""
+"""The `finetune-studio` command: serve, train, watch, jobs, status, stop, chat, inspect, export, eval, demo, make-tiny-model."""
 
 from __future__ import annotations
 
@@ -45,6 +45,7 @@ def _serve(args: argparse.Namespace) -> int:
             settings = get_settings(
                 host=args.host, port=args.port, data_dir=args.data_dir, max_concurrent_jobs=args.max_concurrent_jobs,
                 ray_address=args.ray_address, max_concurrent_exports=args.max_concurrent_exports,
+                max_concurrent_evals=args.max_concurrent_evals,
             )
         except UnsafeSettings as exc:  # a token that cannot protect anything, say
             print(f"error: refusing to start: {exc}", file=sys.stderr)
@@ -457,6 +458,83 @@ def _add_export_parser(commands: Any) -> None:
     export.set_defaults(func=_export)
 
 
+def _eval(args: argparse.Namespace) -> int:
+    from finetune_studio.cli.eval_job import run_eval_job
+
+    return run_eval_job(args, sys.stdout, sys.stderr)  # as _train: the streams of now
+
+
+EVAL_DESCRIPTION = """Evaluate what a job trained against its base (or other models), on the server.
+
+JOB is the first model: a job id (its adapter or model), base:<job id> (that job's base
+model), or any id GET /v1/models lists. --against adds a model to compare with it (default:
+base, the job's base model; repeatable; none: JOB alone). Every difference is against JOB.
+
+Suites (at least one):
+  --data FILE         held-out data in any shape and file type training reads: loss,
+                      perplexity and token accuracy over the answers, and greedy answers
+                      scored by exact match, ROUGE-L, BLEU and chrF
+  --task NAME         an lm-evaluation-harness task (repeatable), from lm-eval's own or from
+                      --tasks-dir DIR (task YAML with local data); --num-fewshot, --limit
+  --judge MODEL --judge-prompts FILE
+                      every model answers every prompt; MODEL (one this server serves, or
+                      one at --judge-url with its key in the server's --judge-key-env
+                      variable) compares each answer with JOB's, twice, positions swapped
+
+The server runs the evaluation (its own slot), this command shows a live progress bar,
+then the results table: each value with its 95% interval, each difference from JOB with
+its own. A server is found or started as `train` does.
+"""
+
+EVAL_EPILOG = """Examples:
+  finetune-studio eval JOB --data heldout.jsonl
+  finetune-studio eval JOB --against base --against OTHER_JOB --data heldout.jsonl
+  finetune-studio eval JOB --task arc_easy --limit 100
+  finetune-studio eval JOB --task my_task --tasks-dir ./tasks
+  finetune-studio eval JOB --judge JUDGE_MODEL --judge-prompts prompts.jsonl
+
+Ctrl-C stops the evaluation; a second Ctrl-C leaves it running.
+Output: with --output-json, one JSON object per event, then {"event": "results", "data"}
+(GET /eval/results/ID) and a last {"event": "summary", ...} line.
+
+Exit status: 0 the evaluation completed; 1 it ended in error or stopped (its error and
+error_code are printed), or the stream was lost; 2 bad usage, the server refused it (an
+unknown model, a missing file: its reason is printed), or no server answered; 130 it was
+left running.
+"""
+
+
+def _add_eval_parser(commands: Any) -> None:
+    evaluate = commands.add_parser(
+        "eval", help="evaluate a job against its base (held-out data, lm-eval tasks, an LLM judge)",
+        description=EVAL_DESCRIPTION, epilog=EVAL_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    evaluate.add_argument("job_id", metavar="JOB", help="the first model: a job id, base:<job id>, or a /v1/models id")
+    evaluate.add_argument("--against", action="append", metavar="MODEL",
+                          help="a model to compare with JOB: base (JOB's base model), a job id, or a /v1/models id;"
+                               " repeatable (default: base; none: JOB alone)")
+    evaluate.add_argument("--data", action="append", metavar="FILE", help="held-out data (.jsonl, .json, .csv, .parquet, .txt)")
+    evaluate.add_argument("--format", default="auto", choices=FORMAT_TYPES, help="the held-out data's shape (default: auto)")
+    evaluate.add_argument("--task", action="append", metavar="NAME", help="an lm-evaluation-harness task; repeatable")
+    evaluate.add_argument("--tasks-dir", default=None, metavar="DIR", help="a folder of lm-eval task YAML files (local data)")
+    evaluate.add_argument("--num-fewshot", type=_number_in(0, 64, int), default=None, metavar="N", help="lm-eval's few-shot examples")
+    evaluate.add_argument("--limit", type=_number_in(1e-9, 2**31, float), default=None, metavar="N",
+                          help="rows (held-out, judge) or documents per task (lm-eval; below 1 a fraction) to evaluate")
+    evaluate.add_argument("--judge", default=None, metavar="MODEL", help="the judge model")
+    evaluate.add_argument("--judge-prompts", default=None, metavar="FILE", help="the prompts every model answers")
+    evaluate.add_argument("--judge-url", default=None, metavar="URL", help="an external OpenAI-compatible judge (https://host/v1)")
+    evaluate.add_argument("--judge-key-env", default=None, metavar="NAME",
+                          help="the server's environment variable holding the external judge's API key")
+    evaluate.add_argument("--max-new-tokens", type=_number_in(1, 4096, int), default=None, metavar="N",
+                          help="the longest answer a model gives, in tokens")
+    evaluate.add_argument("--label", default=None, help="a label shown with the evaluation")
+    evaluate.add_argument("--data-dir", default=None,
+                          help="data directory of a server this command starts (default ~/.finetune-studio, or FINETUNE_STUDIO_DATA_DIR)")
+    evaluate.add_argument("--no-start-server", action="store_true", help="never start a server; fail when none answers")
+    _client_options(evaluate, "print JSON lines (one per event, the results, then a summary) instead of the bar and table")
+    evaluate.set_defaults(func=_eval)
+
+
 def _demo(args: argparse.Namespace) -> int:
     from finetune_studio.cli.demo import run_demo
     from finetune_studio.cli.local_server import free_port
@@ -477,6 +555,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-concurrent-jobs", type=int, default=None, help="jobs that train at once (default 1)")
     serve.add_argument("--max-concurrent-exports", type=int, default=None,
                        help="exports that run at once, beside training (default 1)")
+    serve.add_argument("--max-concurrent-evals", type=int, default=None,
+                       help="evaluations that run at once, beside training and exports (default 1)")
     serve.add_argument(
         "--ray-address", default=None, metavar="ADDR",
         help="train on this Ray cluster (auto: the one this machine belongs to; HOST:PORT or ray://HOST:PORT);"
@@ -517,6 +597,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_chat_parser(commands)
     _add_inspect_parser(commands)
+    _add_eval_parser(commands)
 
     demo = commands.add_parser("demo", help="start a server, train a job end to end, and show its progress")
     demo.add_argument("--data-dir", default=None, help="the demo server's data (default ~/.finetune-studio/demo)")

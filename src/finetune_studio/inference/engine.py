@@ -328,15 +328,15 @@ class Engine:
     def _admit(self) -> None:
         """Start waiting requests, in order, while there is room (see the module's docstring)."""
         budget = PREFILL_TOKENS_PER_STEP
-        for request in list(self._requests.values()):
-            if budget <= 0 or self.running >= self.max_batch_size:
+        running = self.running
+        for request in [r for r in self._requests.values() if r.run is None]:
+            if budget <= 0 or running >= self.max_batch_size:
                 return
-            if request.run is not None or request.id not in self._requests:
-                continue
             try:
                 budget -= self._start(request)
             except Exception as exc:  # noqa: BLE001 - one request's failure must not end the others
                 self._fail(request, _failure(exc))
+            running = self.running  # it runs, or it is over already (failed, or done at its first token)
 
     def _start(self, request: Request) -> int:
         """Load, read the prompt, prefill it, choose the first token, join the batch; the prompt's tokens."""

@@ -21,8 +21,8 @@ from typing import Any, Optional, Union, cast
 
 from finetune_studio.bounds import bound_status
 from finetune_studio.errors import InvalidTransition, JobNotFound, StorageFailed, StudioError
-from finetune_studio.jobs.feed import CHUNK_BYTES, FRAME_OVERHEAD, KEEPALIVE, EventFeed, sse_frame
 from finetune_studio.jobs.evaluations import eval_join
+from finetune_studio.jobs.feed import CHUNK_BYTES, FRAME_OVERHEAD, KEEPALIVE, EventFeed, sse_frame
 from finetune_studio.jobs.phases import EVAL_RUNNING, EXPORT_RUNNING, PHASES_OF, TERMINAL
 from finetune_studio.jobs.store import JobRecord, JobStore, StoredEvent
 from finetune_studio.jobs.summary import summarize

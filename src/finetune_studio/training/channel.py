@@ -1,6 +1,6 @@
 """The child's side of the wire (`finetune_studio.wire`): messages to the server,
 the stop signal from it, and `open_child_wire`, which sets both up at a child's start
-(training, export and Ray driver children alike).
+(training, export, evaluation and Ray driver children alike).
 
 Kept free of torch so that it can be imported and tested on its own.
 """
@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import IO, Any, NamedTuple, Optional, Union
 
 from finetune_studio.bounds import MAX_WARNING_CHARS, MAX_WARNINGS, bound_status, excerpt, fit, shrink
-from finetune_studio.schemas import ErrorCode, ExportPhase, Phase
+from finetune_studio.schemas import ErrorCode, EvalPhase, ExportPhase, Phase
 from finetune_studio.wire import MAX_MESSAGE_BYTES, STOP_COMMAND, Message, WorkerSpec, status_message
 
 
@@ -118,7 +118,7 @@ class Channel:
             self._more_warnings += 1
 
     def status(
-        self, phase: Union[Phase, ExportPhase], message: str, *, error: Optional[str] = None, details: Optional[dict[str, Any]] = None
+        self, phase: Union[Phase, ExportPhase, EvalPhase], message: str, *, error: Optional[str] = None, details: Optional[dict[str, Any]] = None
     ) -> None:
         full = dict(details or {})
         if self.warnings:
@@ -159,7 +159,7 @@ MakeChannel = Callable[[IO[str], StopSignal, WorkerSpec], Channel]
 
 def plain_channel(events: IO[str], stop: StopSignal, spec: WorkerSpec) -> Channel:
     """The channel a child reports on; a child's `main` may take another maker (the tests'
-    hooked child, tests/reliability/hooked_child.py, holds or fails a real child with it)."""
+    hooked child, tests/helpers/hooked_child.py, holds or fails a real child with it)."""
     return Channel(events, stop)
 
 

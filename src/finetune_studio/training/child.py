@@ -42,7 +42,7 @@ def classify(exc: BaseException) -> tuple[ErrorCode, str]:
 
 def main(argv: list[str] | None = None, make_channel: MakeChannel = plain_channel) -> int:
     """Runs one job; `make_channel` is how the tests' hooked child
-    (tests/reliability/hooked_child.py) holds or fails a real child."""
+    (tests/helpers/hooked_child.py) holds or fails a real child."""
     parser = argparse.ArgumentParser(prog="finetune_studio.training.child")
     parser.add_argument("--job-id", required=True)
     parser.parse_args(argv)

@@ -32,6 +32,7 @@ const ERROR_CODES = {
   diverged: "The loss diverged: lower the learning rate or check the data",
   export_failed: "The export failed: its log says where",
   export_tools_missing: "llama.cpp's tools are not installed: install finetune-studio[gguf]",
+  evaluation_failed: "The evaluation failed: its error says which model, task or judge",
   worker_died: "The training process ended unexpectedly",
   worker_failed_to_start: "The training process could not start",
   cluster_unavailable: "The Ray cluster could not be reached: check the server's --ray-address",

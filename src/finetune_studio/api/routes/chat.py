@@ -35,11 +35,14 @@ from finetune_studio.openai_wire import (
     ChatCompletionChunk,
     ChatCompletionRequest,
     Choice,
+    ChoiceLogprobs,
     ChunkChoice,
     Delta,
     ErrorResponse,
     FinishReason,
     ModelList,
+    TokenLogprob,
+    TopLogprob,
     Usage,
     error_body,
 )
@@ -89,6 +92,9 @@ async def chat_completions(body: ChatCompletionRequest, studio: StudioDep) -> Re
         "stop": body.stops,
         "seed": body.seed,
     }
+    if body.logprobs:
+        params["logprobs"] = True
+        params["top_logprobs"] = body.top_logprobs or 0
     messages = [{"role": message.template_role, "content": message.text} for message in body.messages]
     await wait_for_llama_build(model)
     generation = await studio.inference.generate(model, messages, params)
@@ -99,7 +105,8 @@ async def chat_completions(body: ChatCompletionRequest, studio: StudioDep) -> Re
         created = int(time.time())
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            chunks = _chunks(generation, body.model, created, int(started.get("prompt_tokens", 0)), include_usage)
+            chunks = _chunks(generation, body.model, created, int(started.get("prompt_tokens", 0)), include_usage,
+                             bool(body.logprobs))
             response = BoundedEventStream(
                 chunks,
                 stall_seconds=studio.settings.stream_stall_seconds,
@@ -108,7 +115,7 @@ async def chat_completions(body: ChatCompletionRequest, studio: StudioDep) -> Re
             )
             streaming = True  # the stream owns the generation now: it closes it however it ends
             return response
-        answer = await _collect(generation, body.model, created, started)
+        answer = await _collect(generation, body.model, created, started, bool(body.logprobs))
         return JSONResponse(answer.model_dump(mode="json"))
     finally:
         if not streaming:
@@ -131,30 +138,29 @@ async def wait_for_llama_build(model: ModelRef) -> None:
         build = llama_build.llama_cpp_wait()
 
 
-async def _collect(generation: Generation, model: str, created: int, started: dict[str, Any]) -> ChatCompletion:
+async def _collect(generation: Generation, model: str, created: int, started: dict[str, Any], logprobs: bool) -> ChatCompletion:
     parts: list[str] = []
+    tokens: list[TokenLogprob] = []
     while True:
         message = await generation.next()
         kind = message.get("type")
         if kind == "delta":
             parts.append(_text(message))
+            tokens += _logprobs(message)
         elif kind == "done":
-            return ChatCompletion(
-                id=generation.id,
-                created=created,
-                model=model,
-                choices=[Choice(message=AssistantMessage(content="".join(parts)), finish_reason=_finish(message))],
-                usage=_usage(message, started),
-            )
+            choice = Choice(message=AssistantMessage(content="".join(parts)), finish_reason=_finish(message),
+                            logprobs=ChoiceLogprobs(content=tokens) if logprobs else None)
+            return ChatCompletion(id=generation.id, created=created, model=model, choices=[choice],
+                                  usage=_usage(message, started))
         else:
             _raise_if_failed(message)
 
 
 async def _chunks(
-    generation: Generation, model: str, created: int, prompt_tokens: int, include_usage: bool
+    generation: Generation, model: str, created: int, prompt_tokens: int, include_usage: bool, logprobs: bool
 ) -> AsyncIterator[bytes]:
-    def chunk(delta: Delta, finish: Optional[FinishReason] = None) -> bytes:
-        choice = ChunkChoice(delta=delta, finish_reason=finish)
+    def chunk(delta: Delta, finish: Optional[FinishReason] = None, tokens: Optional[list[TokenLogprob]] = None) -> bytes:
+        choice = ChunkChoice(delta=delta, finish_reason=finish, logprobs=None if tokens is None else ChoiceLogprobs(content=tokens))
         return _sse(ChatCompletionChunk(id=generation.id, created=created, model=model, choices=[choice]))
 
     yield chunk(Delta(role="assistant", content=""))
@@ -163,8 +169,9 @@ async def _chunks(
         kind = message.get("type")
         if kind == "delta":
             text = _text(message)
-            if text:
-                yield chunk(Delta(content=text))
+            tokens = _logprobs(message)
+            if text or tokens:  # a token whose text is held back still has its logprob
+                yield chunk(Delta(content=text), tokens=tokens if logprobs else None)
         elif kind == "done":
             yield chunk(Delta(), _finish(message))
             if include_usage:
@@ -193,6 +200,18 @@ def _sse(chunk: ChatCompletionChunk) -> bytes:
 def _text(delta: dict[str, Any]) -> str:
     # The child decodes with replacement characters; this holds whatever it sends (see text.py).
     return clean_text(str(delta.get("text") or ""))
+
+
+def _logprobs(delta: dict[str, Any]) -> list[TokenLogprob]:
+    """The tokens a delta carries (wire.TokenLogprob), in OpenAI's shape."""
+    found = delta.get("logprobs")
+    if not isinstance(found, list):
+        return []
+    return [TokenLogprob(token=clean_text(str(item.get("token", ""))), logprob=float(item.get("logprob") or 0.0),
+                         bytes=item.get("bytes"),
+                         top_logprobs=[TopLogprob(token=clean_text(str(top.get("token", ""))), logprob=float(top["logprob"]),
+                                                  bytes=top.get("bytes")) for top in item.get("top_logprobs") or []])
+            for item in found if isinstance(item, dict)]
 
 
 def _finish(message: dict[str, Any]) -> FinishReason:

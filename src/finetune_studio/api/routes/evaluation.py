@@ -17,9 +17,9 @@ lists, and an exposed server's judge may only be reached at a host it allows (40
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Annotated, Any, Callable, Optional
+from typing import Annotated, Any, Optional
 from urllib.parse import urlsplit
 
 from fastapi import APIRouter, Query, Request, Response, status

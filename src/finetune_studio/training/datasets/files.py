@@ -228,7 +228,7 @@ def _not_rows(path: Path, text: str) -> DatasetError:
 
 def bad_document(path: Path, exc: json.JSONDecodeError) -> DatasetError:
     """The error for a .json file that json.loads, reading it whole, found not to be
-    JSON (tests/whole_file_json.py, the whole-file reader, words its errors with it too)."""
+    JSON (tests/helpers/whole_file_json.py, the whole-file reader, words its errors with it too)."""
     hint = ""
     if exc.msg == "Extra data":
         hint = "; the file looks like JSON Lines (one object per line): name it .jsonl"

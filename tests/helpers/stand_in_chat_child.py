@@ -1,7 +1,7 @@
 """A stand-in inference child for the chat routes' tests: speaks the wire of
 `finetune_studio.wire` (bottom), loads no model.
 
-    python -m tests.unit.fake_inference_child --max-loaded N --idle-seconds S
+    python -m tests.helpers.stand_in_chat_child --max-loaded N --idle-seconds S
 
 It answers by echoing the last user message word by word ("a b c" -> "a ", "b ",
 "c"), one word per request per turn, round-robin over every active request as the
@@ -11,6 +11,8 @@ messages:
 
 - `__model__`: answers with the request's ModelRef as JSON (what the server resolved);
 - `__params__`: answers with the request's sampling params as JSON;
+- with `logprobs` asked: each word (a token here) has logprob -0.5, and its
+  `top_logprobs` alternatives are `alt1`, `alt2`... at -1.0, -1.5 ...;
 - `forever`: "tick " every 10 ms until max_tokens or a cancel;
 - `hang`: starts, then never says anything more (until cancelled); it logs
   `holding <id>`, so a test knows which request to see cancelled;
@@ -57,6 +59,8 @@ class Request:
     tokens: int = 0
     next_at: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
+    top_logprobs: Optional[int] = None  # None: no logprobs asked for
+    pending: list[dict[str, Any]] = field(default_factory=list)  # the logprobs of words not sent yet
 
 
 def read_commands(commands: queue.Queue[Optional[dict[str, Any]]]) -> None:
@@ -92,7 +96,12 @@ def start(command: dict[str, Any]) -> Optional[Request]:
         note(f"holding {command['id']}")
     stops = [] if last in ("__model__", "__params__") else list(params["stop"])  # the JSON answered whole
     return Request(command["id"], words, prompt_tokens, max_tokens or CONTEXT - prompt_tokens, stops,
-                   forever=last == "forever", hang=last == "hang")
+                   forever=last == "forever", hang=last == "hang",
+                   top_logprobs=int(params.get("top_logprobs") or 0) if params.get("logprobs") else None)
+
+
+def logprob(word: str, rank: int) -> dict[str, Any]:
+    return {"id": rank, "token": word, "bytes": list(word.encode()), "logprob": -0.5 * rank}
 
 
 def step(request: Request) -> bool:
@@ -106,6 +115,9 @@ def step(request: Request) -> bool:
         return True
     request.tokens += 1
     request.text += word
+    if request.top_logprobs is not None:  # each word is a token: logprob -0.5, alternatives "alt1"... below it
+        request.pending.append({**logprob(word, 1), "top_logprobs": [logprob(f"alt{rank}", rank + 1)
+                                                                      for rank in range(1, request.top_logprobs + 1)]})
     for stop in request.stops:
         at = request.text.find(stop)
         if at >= 0:
@@ -125,13 +137,20 @@ def flush(request: Request) -> None:
     hold = max((len(stop) - 1 for stop in request.stops), default=0)
     upto = max(request.emitted, len(request.text) - hold)
     if upto > request.emitted:
-        send({"type": "delta", "id": request.id, "text": request.text[request.emitted:upto]})
+        send_delta(request, request.text[request.emitted:upto])
         request.emitted = upto
 
 
+def send_delta(request: Request, text: str) -> None:
+    message: dict[str, Any] = {"type": "delta", "id": request.id, "text": text}
+    if request.top_logprobs is not None:
+        message["logprobs"], request.pending = request.pending, []
+    send(message)
+
+
 def finish(request: Request, reason: str) -> None:
-    if len(request.text) > request.emitted:
-        send({"type": "delta", "id": request.id, "text": request.text[request.emitted:]})
+    if len(request.text) > request.emitted or request.pending:
+        send_delta(request, request.text[request.emitted:])
     usage = {"prompt_tokens": request.prompt_tokens, "completion_tokens": request.tokens,
              "total_tokens": request.prompt_tokens + request.tokens}
     send({"type": "done", "id": request.id, "finish_reason": reason, "usage": usage})

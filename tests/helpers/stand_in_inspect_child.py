@@ -1,4 +1,5 @@
-"""A stand-in for the dataset inspection child (tests/unit/test_inspector.py).
+"""A stand-in for the dataset inspection child (tests/unit/test_inspector.py):
+`python -m tests.helpers.stand_in_inspect_child`.
 
 It reads the request line like the real child, writes its pid to `pid_file`, then
 does what `act` says: "hang" (sleeps until killed), "crash" (says why on stderr and

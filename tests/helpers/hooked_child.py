@@ -1,4 +1,4 @@
-"""The real training child with test hooks: `python -m tests.reliability.hooked_child --job-id ID`.
+"""The real training child with test hooks: `python -m tests.helpers.hooked_child --job-id ID`.
 
 It runs `finetune_studio.training.child.main` unchanged, with a Channel that can
 
@@ -30,8 +30,8 @@ from finetune_studio.supervisor.launcher import LocalProcessHandle, LocalProcess
 from finetune_studio.training.channel import Channel, StopSignal
 from finetune_studio.training.child import main
 from finetune_studio.wire import WorkerSpec
+from tests.helpers.children import HOOKED_CHILD
 
-HOOKED_CHILD = "tests.reliability.hooked_child"
 HOOKS_FILE = "test_hooks.json"
 # A held child waits at most this long for its stop, so a broken test cannot leave it behind.
 PAUSE_LIMIT_SECONDS = 300.0

@@ -1,4 +1,4 @@
-"""A stand-in child whose training diverges: python -m tests.reliability.nan_worker --job-id ID
+"""A stand-in child whose training diverges: python -m tests.helpers.nan_worker --job-id ID
 
 It speaks through the real training Channel: every phase, then steps whose loss is
 NaN, +inf and finite, then one line written as Python's `json.dumps` writes a NaN

@@ -1,6 +1,6 @@
 """A stand-in export child: speaks the export wire (docs/PROCESSES.md, The job wire), converts nothing.
 
-    python -m tests.reliability.fake_export_worker --job-id EXPORT_ID
+    python -m tests.helpers.stand_in_export_worker --job-id EXPORT_ID
 
 It walks the phases its request's format takes (jobs/phases.py), writes each file
 it would write as `.NAME.partial` in FAKE_EXPORT_CHUNKS chunks (one progress event
@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from finetune_studio.atomic import partial_path
-from tests.reliability.fake_wire import begin, send
+from tests.helpers.stand_in_wire import begin, send
 
 
 def status(phase: str, message: str = "", error: str | None = None, **details: Any) -> None:
