@@ -180,15 +180,17 @@ def main() -> None:
             for _ in range(args.reps):
                 api.append(api_answer(http, base))
                 alone.append(bare.answer())
+            print(f"  one stream: API {rate(api):.1f} tokens/s, bare generate {rate(alone):.1f} tokens/s", flush=True)
             dtype = f"{bare.choice.dtype} ({bare.choice.reason})"
             del bare
             single = rate(api) / rate(alone)
             counts = sorted({1, *args.streams})
             measured: dict[int, list[list[Answer]]] = {n: [] for n in counts}
             mixed: list[list[Answer]] = []
-            for _ in range(args.reps):  # each rep measures every count, so slow spells touch them all
+            for rep in range(args.reps):  # each rep measures every count, so slow spells touch them all
                 for n in counts:
                     measured[n].append(asyncio.run(burst(url, [base] * n)))
+                    print(f"  rep {rep + 1}: {n} streams, {aggregate(measured[n][-1]):.1f} tokens/s", flush=True)
                 if 8 in counts:
                     mixed.append(asyncio.run(burst(url, [base, job_id] * 4)))
     one = median([aggregate(answers) for answers in measured[1]])

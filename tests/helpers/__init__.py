@@ -13,6 +13,8 @@
     disks        SmallDisk (a tmpfs to fill)
     browser      Playwright's expect and the page helpers; page_studio: the scripted
                  server the page tests drive
+    evaluations  the real evaluation child run against fake_openai (an OpenAI-compatible
+                 stand-in served in this process)
     recipes, imports, streams, dumps, llama_build, inference_engine, whole_file_json, s3:
                  what more than one test module of that topic uses
     children     the module names of the stand-in children, for `python -m`

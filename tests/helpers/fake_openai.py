@@ -155,7 +155,7 @@ class FakeOpenAI:
         tokens = [piece for piece, _ in pieces]
         offsets = [offset for _, offset in pieces]
         logprobs: list[Optional[float]] = [None] + [self.logprob(model, piece) for piece in tokens[1:]]
-        tops: list[Optional[dict[str, float]]] = [None] + [{piece: max(lp, -0.5)} for piece, lp in zip(tokens[1:], logprobs[1:])]  # type: ignore[type-var]
+        tops: list[Optional[dict[str, float]]] = [None] + [{piece: max(lp, -0.5)} for piece, lp in zip(tokens[1:], logprobs[1:], strict=True)]  # type: ignore[type-var]
         generated = ""
         if int(body.get("max_tokens") or 0) >= 1:
             generated = " z"

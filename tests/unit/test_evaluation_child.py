@@ -16,13 +16,13 @@ import pytest
 import sacrebleu
 from rouge_score import rouge_scorer
 
-from finetune_studio.evaluation.heldout import NO_COMPLETIONS, answer_token_stats
 from finetune_studio.evaluation.api import PromptLogprobs
+from finetune_studio.evaluation.heldout import NO_COMPLETIONS, answer_token_stats
 from finetune_studio.evaluation.stats import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED
 from finetune_studio.training.completions import assistant_spans
 from finetune_studio.training.datasets.errors import DatasetError
 from finetune_studio.training.datasets.load import load_local
-from tests.helpers.evaluations import eval_request, run_eval_child
+from tests.helpers.evaluations import TASK_YAML, eval_request, run_eval_child
 from tests.helpers.fake_openai import FakeOpenAI
 
 ROWS = [
@@ -60,6 +60,7 @@ def bootstrap_interval(values: list[float]) -> list[float]:
     return [float(v) for v in np.percentile(stats, [2.5, 97.5])]
 
 
+@pytest.mark.slow  # the child loads the tokenizers with transformers: seconds each
 def test_heldout_metrics_equal_a_computation_by_hand(tmp_path: Path, tiny_model: Path) -> None:
     data = write_jsonl(tmp_path / "heldout.jsonl", ROWS)
     with FakeOpenAI({"tuned", "base"}, tuned_and_base) as api:
@@ -81,8 +82,8 @@ def test_heldout_metrics_equal_a_computation_by_hand(tmp_path: Path, tiny_model:
 
     scorer = rouge_scorer.RougeScorer(["rougeL"])
     by_hand = {
-        "heldout/exact_match": {m: [float(" ".join(h.split()) == " ".join(r.split())) for h, r in zip(hyps[m], references)] for m in models},
-        "heldout/rouge_l": {m: [scorer.score(r, h)["rougeL"].fmeasure for h, r in zip(hyps[m], references)] for m in models},
+        "heldout/exact_match": {m: [float(" ".join(h.split()) == " ".join(r.split())) for h, r in zip(hyps[m], references, strict=True)] for m in models},
+        "heldout/rouge_l": {m: [scorer.score(r, h)["rougeL"].fmeasure for h, r in zip(hyps[m], references, strict=True)] for m in models},
     }
     for name, values in by_hand.items():
         metric = run.metric(name)
@@ -90,7 +91,7 @@ def test_heldout_metrics_equal_a_computation_by_hand(tmp_path: Path, tiny_model:
             assert metric["values"][model] == pytest.approx(sum(values[model]) / len(values[model]), abs=1e-7)
             assert metric["ci95"][model] == pytest.approx(bootstrap_interval(values[model]), abs=1e-7)
         assert metric["deltas"]["base"] == pytest.approx(metric["values"]["base"] - metric["values"]["tuned"], abs=1e-7)
-        differences = [b - t for b, t in zip(values["base"], values["tuned"])]
+        differences = [b - t for b, t in zip(values["base"], values["tuned"], strict=True)]
         assert metric["deltas_ci95"]["base"] == pytest.approx(bootstrap_interval(differences), abs=1e-7)
         assert metric["higher_is_better"] is True and metric["samples"] == len(ROWS)
     assert run.metric("heldout/bleu")["values"] == {
@@ -112,11 +113,13 @@ def test_heldout_metrics_equal_a_computation_by_hand(tmp_path: Path, tiny_model:
     texts = {assistant_spans(tokenizer, row["messages"])[0]: assistant_spans(tokenizer, row["messages"])[1] for row in ROWS}
     totals = {model: [0.0, 0, 0] for model in models}
     for body, answer in completions:
+        if body["prompt"] == "a":
+            continue  # the probe: does the route exist
         assert body["echo"] is True and body["logprobs"] == 1 and body["max_tokens"] == 0
         spans = texts[body["prompt"]]
         logprobs = answer["choices"][0]["logprobs"]
         ends = [*logprobs["text_offset"][1:], len(body["prompt"])]
-        for lp, top, start, end in zip(logprobs["token_logprobs"], logprobs["top_logprobs"], logprobs["text_offset"], ends):
+        for lp, top, start, end in zip(logprobs["token_logprobs"], logprobs["top_logprobs"], logprobs["text_offset"], ends, strict=True):
             if lp is not None and any(a <= start and end <= b for a, b in spans):
                 totals[body["model"]][0] -= lp
                 totals[body["model"]][1] += 1
@@ -252,6 +255,7 @@ def test_an_external_judge_gets_its_key_and_one_that_cannot_be_reached_fails_say
     assert "judge 'judge'" in run.last["error"]
 
 
+@pytest.mark.slow  # the child loads the tokenizers with transformers: seconds each
 def test_without_v1_completions_heldout_leaves_the_loss_out_and_lm_eval_says_why(tmp_path: Path, tiny_model: Path) -> None:
     data = write_jsonl(tmp_path / "heldout.jsonl", ROWS[:2])
     with FakeOpenAI({"tuned", "base"}, tuned_and_base, completions=False) as api:
@@ -267,6 +271,7 @@ def test_without_v1_completions_heldout_leaves_the_loss_out_and_lm_eval_says_why
     assert "need POST /v1/completions" in run.last["error"]
 
 
+@pytest.mark.slow  # the child loads the tokenizers with transformers: seconds each
 def test_bad_data_a_model_not_served_and_a_stop(tmp_path: Path, tiny_model: Path) -> None:
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps(ROWS[0]) + "\n{not json\n")
@@ -292,3 +297,34 @@ def test_bad_data_a_model_not_served_and_a_stop(tmp_path: Path, tiny_model: Path
                                  stop_after="Evaluating")
     assert stopped.last["phase"] == "stopped" and stopped.returncode == 0
     assert not (stopped.folder / "results.json").exists()
+
+
+@pytest.mark.slow  # lm-eval starts (and indexes its tasks) once per model: tens of seconds
+def test_lm_eval_runs_a_local_task_folder_through_v1_completions(tmp_path: Path, tiny_model: Path) -> None:
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    data = write_jsonl(tasks / "tiny_mc.jsonl", [
+        {"question": f"What is {i}+{i}?", "choices": [str(2 * i), str(2 * i + 1), "none"], "answer": 0} for i in range(8)
+    ])
+    (tasks / "tiny_mc.yaml").write_text(TASK_YAML.format(data=data))
+    with FakeOpenAI({"tuned", "base"}, token="studio-token-0123456789") as api:
+        suites = [{"type": "lm_eval", "tasks": ["tiny_mc"], "tasks_dir": str(tasks), "limit": 6}]
+        run = run_eval_child(tmp_path / "out", eval_request(api.url, ["tuned", "base"], suites, tiny_model, token="studio-token-0123456789"))
+        asked = [body for body, _ in api.completions if body["prompt"] != "a"]
+        missing = run_eval_child(tmp_path / "missing", eval_request(api.url, ["tuned"], [{"type": "lm_eval", "tasks": ["tiny_mcq"], "tasks_dir": str(tasks)}], tiny_model, token="studio-token-0123456789"))
+    assert run.last["phase"] == "completed", (run.last, run.log[-2000:])
+    assert {body["model"] for body in asked} == {"tuned", "base"}
+    assert all(body["echo"] and body["logprobs"] == 1 for body in asked)  # lm-eval's own loglikelihood requests
+    metric = run.metric("lm_eval/tiny_mc/acc")
+    rows = run.samples
+    assert len(rows) == 6  # limit passes through
+    for model in ("tuned", "base"):
+        per_doc = [row["scores"][model]["acc"] for row in rows]
+        assert metric["values"][model] == pytest.approx(sum(per_doc) / len(per_doc))  # lm-eval's value, the docs' mean
+        assert metric["ci95"][model] == pytest.approx(bootstrap_interval(per_doc), abs=1e-7)
+    assert metric["higher_is_better"] is True and metric["samples"] == 6
+    assert rows[0]["prompt"].startswith("[tiny_mc #0]") and "Question: What is 0+0?" in rows[0]["prompt"]
+    # Progress counts lm-eval's requests: 3 choices per document, per model.
+    assert run.progress[-1]["total_steps"] == run.progress[-1]["step"] == 2 * 6 * 3
+    assert missing.last["phase"] == "error" and missing.last["details"]["error_code"] == "config_invalid"
+    assert "no task 'tiny_mcq'" in missing.last["error"] and "tiny_mc" in missing.last["error"]

@@ -3,7 +3,8 @@ with the first model's.
 
 - Prompts: a file of rows in any file type training reads (`training.datasets.files`), each
   with `prompt` (a text, or a list of chat messages) and optionally `reference` (or
-  `answer`), a reference answer the judge is shown too. A row without a prompt is a
+  `answer`), a reference answer the judge is shown too; or a conversation (`messages`, as
+  held-out data has them), whose last answer is the reference. A row without a prompt is a
   `dataset_invalid` naming its file and line.
 - Answers (phase `evaluating`): greedy, `max_new_tokens` at most, through this server's /v1.
 - Verdicts (phase `judging`): the judge (a model this server serves, or an external
@@ -66,14 +67,17 @@ def read_prompts(suite: dict[str, Any]) -> list[Prompt]:
             break
         if not isinstance(record, dict):
             raise DatasetError(path, where, getattr(record, "problem", "not an object with a prompt"))
-        prompt = record.get("prompt", record.get("question", record.get("instruction")))
+        prompt = record.get("prompt", record.get("question", record.get("instruction", record.get("messages"))))
+        reference = record.get("reference", record.get("answer"))
+        if "prompt" not in record and isinstance(prompt, list) and prompt and isinstance(prompt[-1], dict) and prompt[-1].get("role") == "assistant":
+            # A conversation (chatml rows, as held-out data has them): its last answer is the reference.
+            prompt, reference = prompt[:-1], reference if reference is not None else prompt[-1].get("content")
         if isinstance(prompt, str) and prompt.strip():
             messages = [{"role": "user", "content": prompt}]
         elif isinstance(prompt, list) and prompt and all(isinstance(m, dict) and isinstance(m.get("content"), str) for m in prompt):
             messages = [{"role": str(m.get("role", "user")), "content": str(m["content"])} for m in prompt]
         else:
-            raise DatasetError(path, where, "no prompt: each row needs `prompt` (a text, or a list of chat messages)")
-        reference = record.get("reference", record.get("answer"))
+            raise DatasetError(path, where, "no prompt: each row needs `prompt` (a text, or a list of chat messages) or `messages`")
         prompts.append(Prompt(messages, str(reference) if reference not in (None, "") else None))
     if not prompts:
         raise DatasetError(path, "", "no prompts to judge")

@@ -32,8 +32,8 @@ converts before it quantizes any, so there is no edge back from quantizing.
 
 An evaluation (kind `eval`, docs/PHASES.md, Evaluations):
 
-    idle --> loading_model --> evaluating (again per suite) --+--> judging --> completed
-                                                              +--------------> completed
+    idle --> loading_model (again) --> evaluating (again per suite) --+--> judging --> completed
+                                                                      +--------------> completed
 
     and error | stopped from idle and from every running phase.
 
@@ -102,7 +102,7 @@ EXPORT_ALLOWED_FROM: dict[str, frozenset[str]] = {
 EVAL_PHASES: tuple[str, ...] = get_args(EvalPhase)
 EVAL_RUNNING: frozenset[str] = frozenset({"loading_model", "evaluating", "judging"})
 EVAL_ALLOWED_FROM: dict[str, frozenset[str]] = {
-    "loading_model": frozenset({"idle"}),
+    "loading_model": frozenset({"idle", "loading_model"}),  # the data read, then the tokenizers loaded
     "evaluating": frozenset({"loading_model", "evaluating"}),
     "judging": frozenset({"evaluating", "judging"}),
     "completed": frozenset({"evaluating", "judging"}),
