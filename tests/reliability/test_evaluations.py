@@ -340,14 +340,15 @@ def test_the_guard_by_hand(tmp_path: Path) -> None:
 def test_the_cli_follows_an_evaluation_and_prints_the_table(studio: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from finetune_studio.cli.eval_job import run_eval_job
 
-    server = studio()
-    with server.client() as client:
+    token = "evaluation-token-0123456789"
+    server = studio(token=token)  # the child reaches the server with the token on its stdin
+    with server.client(token=token) as client:
         job_id = trained(client, rows_file(tmp_path / "train.jsonl", ["hi"]))
     prompts = rows_file(tmp_path / "prompts.jsonl", ["a b", "c d"])
     with FakeOpenAI({"judge"}, lambda model, messages: "no verdict here") as judge:
         args = build_parser().parse_args([
             "eval", job_id, "--judge", "judge", "--judge-url", f"{judge.url}/v1", "--judge-prompts", str(prompts),
-            "--max-new-tokens", "8", "--server", server.url, "--output-json", "--no-start-server",
+            "--max-new-tokens", "8", "--server", server.url, "--token", token, "--output-json", "--no-start-server",
         ])
         assert run_eval_job(args) == 0
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
@@ -359,6 +360,10 @@ def test_the_cli_follows_an_evaluation_and_prints_the_table(studio: Any, tmp_pat
     unparsed = next(m for m in results["data"]["metrics"] if m["name"] == "judge/unparsed")
     assert unparsed["values"][f"base:{job_id}"] == 4.0
 
-    args = build_parser().parse_args(["eval", job_id, "--data", str(tmp_path / "no.jsonl"), "--server", server.url, "--no-start-server"])
+    args = build_parser().parse_args(["eval", job_id, "--data", str(tmp_path / "no.jsonl"), "--server", server.url, "--token", token,
+                                      "--no-start-server"])
     assert run_eval_job(args) == 2
     assert "does not exist" in capsys.readouterr().err
+    # The token travels on the child's stdin only: it is not in what the server stored.
+    stored = json.dumps(server.studio.service.store.get_job(results["data"]["eval_id"]).request)
+    assert token not in stored

@@ -230,6 +230,20 @@ def test_max_batch_size_holds_the_rest_back_in_order(lively: Path, monkeypatch: 
         name: (tokens, "length") for name, tokens in lengths.items()}
 
 
+def test_a_cancelled_request_frees_its_slot_for_the_next(lively: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    observer = Observer(monkeypatch, max_batch_size=1)
+    observer.engine.handle(command("long", lively, max_tokens=200))
+    observer.engine.handle(command("next", lively, max_tokens=3))
+    for _ in range(3):
+        observer.step()
+    assert observer.engine.waiting == ["next"] and observer.engine.batches() == [["long"]]
+    observer.engine.handle({"type": "cancel", "id": "long"})
+    assert observer.engine.batches() == [] and observer.engine.running == 0
+    observer.step()  # the next one starts at once
+    assert observer.engine.batches() == [["next"]]
+    assert observer.run()["next"]["completion_tokens"] == 3
+
+
 # -- logprobs -------------------------------------------------------------------------------
 
 

@@ -312,6 +312,10 @@ def test_lm_eval_runs_a_local_task_folder_through_v1_completions(tmp_path: Path,
         run = run_eval_child(tmp_path / "out", eval_request(api.url, ["tuned", "base"], suites, tiny_model, token="studio-token-0123456789"))
         asked = [body for body, _ in api.completions if body["prompt"] != "a"]
         missing = run_eval_child(tmp_path / "missing", eval_request(api.url, ["tuned"], [{"type": "lm_eval", "tasks": ["tiny_mcq"], "tasks_dir": str(tasks)}], tiny_model, token="studio-token-0123456789"))
+        # A task whose data lives on the hub only: offline, it fails at once, naming the task.
+        (tasks / "hub_only.yaml").write_text(TASK_YAML.format(data=data).replace("task: tiny_mc", "task: hub_only").replace(
+            "dataset_path: json", "dataset_path: nobody/no-such-dataset").replace(f"    test: {data}\n", "    test: test.jsonl\n"))
+        offline = run_eval_child(tmp_path / "offline", eval_request(api.url, ["tuned"], [{"type": "lm_eval", "tasks": ["tiny_mc", "hub_only"], "tasks_dir": str(tasks)}], tiny_model))
     assert run.last["phase"] == "completed", (run.last, run.log[-2000:])
     assert {body["model"] for body in asked} == {"tuned", "base"}
     assert all(body["echo"] and body["logprobs"] == 1 for body in asked)  # lm-eval's own loglikelihood requests
@@ -328,3 +332,6 @@ def test_lm_eval_runs_a_local_task_folder_through_v1_completions(tmp_path: Path,
     assert run.progress[-1]["total_steps"] == run.progress[-1]["step"] == 2 * 6 * 3
     assert missing.last["phase"] == "error" and missing.last["details"]["error_code"] == "config_invalid"
     assert "no task 'tiny_mcq'" in missing.last["error"] and "tiny_mc" in missing.last["error"]
+    assert offline.last["phase"] == "error" and offline.last["details"]["error_code"] == "dataset_not_found", offline.last
+    assert "lm_eval task 'hub_only': its data is not on this machine" in offline.last["error"]
+    assert not [p for p in offline.progress if p.get("suite") == "lm_eval" and p["step"]]

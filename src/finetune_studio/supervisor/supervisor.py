@@ -77,6 +77,7 @@ from finetune_studio.schemas import (
     EvalStatus,
     ExportStatus,
     TrainingStatus,
+    suite_names,
 )
 from finetune_studio.supervisor import eval_results
 from finetune_studio.supervisor.launcher import (
@@ -553,12 +554,13 @@ class Supervisor:
         goes into the completing status (`details.eval_id`). None when it cannot be queued."""
         job_id = active.job_id
         models = [job_id, f"{BASE_MODEL_PREFIX}{job_id}"]
-        stored = {"models": models, "suites": active.request.get("eval_after"), "label": f"eval_after of job {job_id}",
-                  "after_job": job_id}
+        suites = list(active.request.get("eval_after") or [])
+        names = suite_names([str(suite.get("type")) for suite in suites if isinstance(suite, dict)])
+        label = f"eval_after of job {job_id}"
+        stored = {"models": models, "suites": suites, "label": label, "suite_names": names, "after_job": job_id}
+        details = {"models": models, "suites": names, "label": label, "after_job": job_id}
         try:
-            evaluation = self.service.create_job(
-                stored, message="Queued", details={"models": models, "label": stored["label"], "after_job": job_id}, kind="eval"
-            )
+            evaluation = self.service.create_job(stored, message="Queued", details=details, kind="eval")
         except StorageFailed as exc:
             log.warning("the evaluation of job %s (eval_after) was not queued: %s", job_id, exc)
             return None
