@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -350,7 +351,7 @@ def test_the_cli_follows_an_evaluation_and_prints_the_table(studio: Any, tmp_pat
             "eval", job_id, "--judge", "judge", "--judge-url", f"{judge.url}/v1", "--judge-prompts", str(prompts),
             "--max-new-tokens", "8", "--server", server.url, "--token", token, "--output-json", "--no-start-server",
         ])
-        assert run_eval_job(args) == 0
+        assert run_eval_job(args, sys.stdout, sys.stderr) == 0
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert lines[-1] == {"event": "summary", "exit_code": 0, "phase": "completed"}
     results = lines[-2]
@@ -362,7 +363,7 @@ def test_the_cli_follows_an_evaluation_and_prints_the_table(studio: Any, tmp_pat
 
     args = build_parser().parse_args(["eval", job_id, "--data", str(tmp_path / "no.jsonl"), "--server", server.url, "--token", token,
                                       "--no-start-server"])
-    assert run_eval_job(args) == 2
+    assert run_eval_job(args, sys.stdout, sys.stderr) == 2
     assert "does not exist" in capsys.readouterr().err
     # The token travels on the child's stdin only: it is not in what the server stored.
     stored = json.dumps(server.studio.service.store.get_job(results["data"]["eval_id"]).request)
