@@ -12,15 +12,20 @@ alternate: precision auto, then fp32, `--pairs` times.
 Per job: tokens/s over the steps after the first five (num_tokens and timestamps of
 the progress events: warm-up and the model's load are left out), and the median of
 the events' `mfu` over the same steps, with the peak it is measured against
-(`details.peak`). It prints a Markdown table of the medians over the jobs of each
-precision, and the speed-up of auto over fp32 (target on a CPU with AMX or
-AVX512-BF16: >= 1.5x). On a machine shared with other work the figures are noisy.
+(`details.peak`). Beside them, the training process's own CPU time over those steps
+(/proc/<worker_pid>/stat, read as each event arrives): tokens per CPU-second, which
+other work on the machine moves far less than tokens/s, and the CPU share the
+process got (2.0: two cores all the time). It prints a Markdown table of the medians
+over the jobs of each precision, and the speed-up of auto over fp32 (target on a CPU
+with AMX or AVX512-BF16: >= 1.5x). On a machine shared with other work the figures
+are noisy: compare the CPU shares.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -68,13 +73,24 @@ def request(model: Path, data: Path, precision: str, steps: int) -> dict[str, An
     }
 
 
+def cpu_seconds(pid: int) -> float:
+    """The process's user + system CPU time so far (NaN once it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime: fields 14 and 15
+
+
 def run_job(http: httpx.Client, body: dict[str, Any]) -> dict[str, Any]:
-    """Start a job and follow its stream to the end: its final status and progress events."""
+    """Start a job and follow its stream to the end: its final status and progress events
+    (each with `cpu_seconds`, the training process's CPU time when it arrived)."""
     response = http.post("/train/start", json=body)
     response.raise_for_status()
     job_id = response.json()["job_id"]
     progress: list[dict[str, Any]] = []
     final: dict[str, Any] = {}
+    pid = 0
     with http.stream("GET", f"/train/stream/{job_id}") as stream:
         kind = ""
         for line in stream.iter_lines():
@@ -83,8 +99,10 @@ def run_job(http: httpx.Client, body: dict[str, Any]) -> dict[str, Any]:
             elif line.startswith("data: "):
                 data = json.loads(line[6:])
                 if kind == "progress":
-                    progress.append(data)
-                elif kind == "status" and data["phase"] in TERMINAL:
+                    progress.append({**data, "cpu_seconds": cpu_seconds(pid)})
+                elif kind == "status" and (data.get("details") or {}).get("worker_pid"):
+                    pid = int(data["details"]["worker_pid"])
+                if kind == "status" and data["phase"] in TERMINAL:
                     final = data
                     break
     if final.get("phase") != "completed":
@@ -96,12 +114,14 @@ def measure(job: dict[str, Any]) -> dict[str, Any]:
     steps = [p for p in job["progress"] if p["step"] > WARM_UP_STEPS]
     first, last = steps[0], steps[-1]
     # first's tokens were trained before its timestamp: the rate of the steps after it.
-    rate = (last["num_tokens"] - first["num_tokens"]) / (last["timestamp"] - first["timestamp"])
+    tokens, seconds = last["num_tokens"] - first["num_tokens"], last["timestamp"] - first["timestamp"]
+    cpu = last["cpu_seconds"] - first["cpu_seconds"]
     details = job["status"]["details"]
     mfus = [p["mfu"] for p in steps if p.get("mfu") is not None]
     return {
         "dtype": details["precision"]["dtype"], "reason": details["precision"]["reason"],
-        "tokens_per_second": rate, "mfu": statistics.median(mfus) if mfus else float("nan"),
+        "tokens_per_second": tokens / seconds, "tokens_per_cpu_second": tokens / cpu, "cpu_share": cpu / seconds,
+        "mfu": statistics.median(mfus) if mfus else float("nan"),
         "peak": details.get("peak", {}), "tokens_per_row": (last["num_tokens"] - first["num_tokens"]) / (len(steps) - 1) / 4,
     }
 
@@ -133,6 +153,7 @@ def main() -> int:
                 found = measure(run_job(http, request(model, data, precision, args.steps)))
                 results[precision].append(found)
                 print(f"round {round_ + 1}, {precision} ({found['dtype']}): {found['tokens_per_second']:.1f} tokens/s,"
+                      f" {found['tokens_per_cpu_second']:.1f} tokens per CPU-second (CPU share {found['cpu_share']:.2f}),"
                       f" MFU {found['mfu']:.3f}, {found['tokens_per_row']:.0f} tokens a row", flush=True)
 
     def med(precision: str, key: str) -> float:
@@ -140,15 +161,18 @@ def main() -> int:
 
     print()
     print(f"| SmolLM2-135M LoRA, batch 4 x {ROW_TOKENS} tokens, r 16 on every projection, {args.steps} steps a job,"
-          f" {args.pairs} pair(s) alternating, medians | dtype | tokens/s | MFU | peak GFLOP/s (probe) |")
-    print("|---|---|---|---|---|")
+          f" {args.pairs} pair(s) alternating, medians | dtype | tokens/s | tokens per CPU-second | CPU share | MFU"
+          " | peak GFLOP/s (probe) |")
+    print("|---|---|---|---|---|---|---|")
     for precision in ("auto", "fp32"):
         peak = results[precision][-1]["peak"]
         print(f"| precision {precision} | {results[precision][-1]['dtype']} | {med(precision, 'tokens_per_second'):.1f}"
+              f" | {med(precision, 'tokens_per_cpu_second'):.1f} | {med(precision, 'cpu_share'):.2f}"
               f" | {med(precision, 'mfu'):.3f} | {peak.get('flops_per_second', float('nan')) / 1e9:.1f} |")
     speedup = med("auto", "tokens_per_second") / med("fp32", "tokens_per_second")
+    per_cpu = med("auto", "tokens_per_cpu_second") / med("fp32", "tokens_per_cpu_second")
     target = " (target >= 1.5x)" if cpu.native else " (no native bf16 here: auto is fp32)"
-    print(f"| auto / fp32 | | {speedup:.2f}x{target} | | |")
+    print(f"| auto / fp32 | | {speedup:.2f}x{target} | {per_cpu:.2f}x | | | |")
     return 0
 
 

@@ -137,6 +137,7 @@ def test_start_from_the_form_and_watch_it_complete(server: Any, page: Any, tiny_
     assert studio(page, "points('lr')") == 12
     expect(page.get_by_test_id("stat-step")).to_have_text("12 / 12", use_inner_text=True)
     expect(page.get_by_test_id("stat-tps")).to_have_text(re.compile(r"^[1-9][\d,]*$"), use_inner_text=True)  # the server's tokens/s
+    expect(page.get_by_test_id("stat-mfu")).to_have_text(re.compile(r"^\d+(\.\d+)?%$"), use_inner_text=True)  # and its MFU beside it
     expect(page.locator("[data-testid=phase-timeline] li[data-state=done]")).to_have_count(6)
     assert_timeline_durations_match_server(page, server, job_id)
     expect(page.get_by_test_id("job-outputs")).to_contain_text("adapter", use_inner_text=True)

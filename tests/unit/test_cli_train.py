@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from finetune_studio.api.routes.system import Recommended, SystemInfo
+from finetune_studio.api.routes.system import CpuInfo, Recommended, SystemInfo
 from finetune_studio.cli.main import main
 from finetune_studio.cli.train import CPU_SETTINGS
 from tests.helpers.chat import BASE, TOKEN, ChatServer
@@ -58,6 +58,7 @@ def server(switch: tuple[ChatServer, OlderServer]) -> ChatServer:
 def machine(server: ChatServer, **answer: Any) -> None:
     """Make the server's `GET /system` say this (it keeps its first answer in app.state)."""
     base = SystemInfo(platform="Linux x86_64", python="3", cpu_count=2, nvidia_smi=False, cuda=False, bitsandbytes=False,
+                      cpu=CpuInfo(model=None, bf16="none", bf16_flags=[], native_bf16=False),
                       versions={}, recommended=Recommended(load_in_4bit=False, optim="adamw_torch"))
     server.app.state.system_info = base.model_copy(update=answer)
 
