@@ -29,7 +29,14 @@ from rich.progress import BarColumn, MofNCompleteColumn, ProgressColumn, TaskID,
 from rich.table import Table
 
 from finetune_studio.cli.client import StudioClient, StudioError
-from finetune_studio.cli.follow import EXIT_COMPLETED, EXIT_FAILED, EXIT_LEFT_RUNNING, EXIT_REFUSED, Notes
+from finetune_studio.cli.follow import (
+    EXIT_COMPLETED,
+    EXIT_FAILED,
+    EXIT_LEFT_RUNNING,
+    EXIT_REFUSED,
+    Notes,
+    follow_until_done,
+)
 from finetune_studio.cli.local_server import LocalServer
 from finetune_studio.cli.progress import AnyView, BarView, Clock, JsonLinesView, LinesView, format_seconds, make_view
 from finetune_studio.cli.train import _exit_on_signal, _release, _start_server, may_start_server
@@ -135,29 +142,9 @@ class EvalLiveView(BarView):
         )
 
 
-def follow_eval(client: StudioClient, eval_id: str, view: AnyView, notify: Callable[[str], None]) -> Optional[dict[str, Any]]:
-    """Show the evaluation's events until it ends: its terminal status. Ctrl-C stops it and keeps
-    following; a second Ctrl-C leaves it running (None)."""
-    cursor, stopping = 0, False
-    while True:
-        try:
-            for event in client.stream(eval_id, last_event_id=cursor, prefix="/eval"):
-                view.show(event)
-                cursor = event.id
-                if event.is_terminal:
-                    view.close()
-                    return event.data
-            raise StudioError(f"the stream of evaluation {eval_id} ended before the evaluation did")
-        except KeyboardInterrupt:
-            if stopping:
-                view.close()
-                notify(f"left evaluation {eval_id} running; `curl -X POST .../eval/stop/{eval_id}` stops it")
-                return None
-            stopping = True
-            try:
-                notify(f"stopping evaluation {eval_id} (Ctrl-C again leaves it running): {client.stop_eval(eval_id)['message']}")
-            except StudioError as exc:
-                notify(f"could not stop evaluation {eval_id}: {exc}")
+def follow_eval(client: StudioClient, job_id: str, view: AnyView, notify: Callable[[str], None]) -> Optional[dict[str, Any]]:
+    """Show the evaluation's events until it ends (see `follow_until_done`)."""
+    return follow_until_done(client, job_id, view, notify, what="evaluation", prefix="/eval", stop=client.stop_eval)
 
 
 def _number(value: Any) -> str:

@@ -30,7 +30,14 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, ProgressColumn, TaskID, TextColumn
 
 from finetune_studio.cli.client import StudioClient, StudioError
-from finetune_studio.cli.follow import EXIT_COMPLETED, EXIT_FAILED, EXIT_LEFT_RUNNING, EXIT_REFUSED, Notes
+from finetune_studio.cli.follow import (
+    EXIT_COMPLETED,
+    EXIT_FAILED,
+    EXIT_LEFT_RUNNING,
+    EXIT_REFUSED,
+    Notes,
+    follow_until_done,
+)
 from finetune_studio.cli.local_server import LocalServer
 from finetune_studio.cli.progress import AnyView, BarView, Clock, JsonLinesView, LinesView, format_seconds, make_view
 from finetune_studio.cli.train import _exit_on_signal, _release, _start_server, may_start_server
@@ -93,31 +100,9 @@ class ExportLiveView(BarView):
         )
 
 
-def follow_export(
-    client: StudioClient, export_id: str, view: AnyView, notify: Callable[[str], None]
-) -> Optional[dict[str, Any]]:
-    """Show the export's events until it ends: its terminal status. Ctrl-C stops it and
-    keeps following; a second Ctrl-C leaves it running (None)."""
-    cursor, stopping = 0, False
-    while True:
-        try:
-            for event in client.stream(export_id, last_event_id=cursor, prefix="/export"):
-                view.show(event)
-                cursor = event.id
-                if event.is_terminal:
-                    view.close()
-                    return event.data
-            raise StudioError(f"the stream of export {export_id} ended before the export did")
-        except KeyboardInterrupt:
-            if stopping:
-                view.close()
-                notify(f"left export {export_id} running; `curl -X POST .../export/stop/{export_id}` stops it")
-                return None
-            stopping = True
-            try:
-                notify(f"stopping export {export_id} (Ctrl-C again leaves it running): {client.stop_export(export_id)['message']}")
-            except StudioError as exc:  # it ended meanwhile (409): the stream shows how
-                notify(f"could not stop export {export_id}: {exc}")
+def follow_export(client: StudioClient, job_id: str, view: AnyView, notify: Callable[[str], None]) -> Optional[dict[str, Any]]:
+    """Show the export's events until it ends (see `follow_until_done`)."""
+    return follow_until_done(client, job_id, view, notify, what="export", prefix="/export", stop=client.stop_export)
 
 
 def safe_target(out_dir: Path, name: str) -> Path:

@@ -146,6 +146,41 @@ class Notes:
         self.err.flush()
 
 
+def follow_until_done(
+    client: StudioClient,
+    job_id: str,
+    view: AnyView,
+    notify: Callable[[str], None],
+    *,
+    what: str,
+    prefix: str,
+    stop: Callable[[str], dict[str, Any]],
+) -> Optional[dict[str, Any]]:
+    """Show the events of an export or an evaluation (`what`, under the routes `prefix`)
+    until it ends: its terminal status. Ctrl-C stops it (`stop`) and keeps following; a
+    second Ctrl-C leaves it running (None)."""
+    cursor, stopping = 0, False
+    while True:
+        try:
+            for event in client.stream(job_id, last_event_id=cursor, prefix=prefix):
+                view.show(event)
+                cursor = event.id
+                if event.is_terminal:
+                    view.close()
+                    return event.data
+            raise StudioError(f"the stream of {what} {job_id} ended before the {what} did")
+        except KeyboardInterrupt:
+            if stopping:
+                view.close()
+                notify(f"left {what} {job_id} running; `curl -X POST ...{prefix}/stop/{job_id}` stops it")
+                return None
+            stopping = True
+            try:
+                notify(f"stopping {what} {job_id} (Ctrl-C again leaves it running): {stop(job_id)['message']}")
+            except StudioError as exc:  # it ended meanwhile (409): the stream shows how
+                notify(f"could not stop {what} {job_id}: {exc}")
+
+
 def report(outcome: Outcome, view: AnyView, notes: Notes) -> int:
     """The last word on a followed job (the summary line under --output-json), and the exit status."""
     if isinstance(view, JsonLinesView):
