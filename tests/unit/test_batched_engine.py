@@ -153,6 +153,22 @@ def test_eight_mixed_answers_in_one_batch_each_equal_their_own_generate(
     assert len(observer.engine.pool.loaded) == 1 and observer.engine.batches() == []
 
 
+def test_the_base_and_adapters_answer_as_themselves_whatever_ran_before(
+    lively: Path, three_adapters: dict[str, Path]
+) -> None:
+    # The adapter layers stay switched as the last forward pass left them (models.py): each
+    # answer below follows one that needed them the other way.
+    order: list[Optional[str]] = ["one", None, "dora", None, "two", "one", None]
+    expected = {name: reference(lively, adapter_path(three_adapters, name), QUESTION, 8) for name in set(order)}
+    recorder = Recorder()
+    for i, name in enumerate(order):
+        result = recorder.run(command(f"{i}", lively, adapter_path(three_adapters, name), max_tokens=8))[f"{i}"]
+        assert answer_of(result) == expected[name], (i, name)
+    # A base row beside a DoRA batch: the DoRA pass switches the layers on, the base's off again.
+    together = recorder.run(command("base", lively, max_tokens=8), command("dora", lively, three_adapters["dora"], max_tokens=8))
+    assert {name: answer_of(together[name]) for name in ("base", "dora")} == {"base": expected[None], "dora": expected["dora"]}
+
+
 def test_a_seeded_sampled_answer_draws_the_same_tokens_alone_and_in_a_batch(
     lively: Path, three_adapters: dict[str, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
