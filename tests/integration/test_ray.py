@@ -265,7 +265,6 @@ def test_a_killed_worker_is_restarted_from_the_last_checkpoint(ray_cluster: str,
     assert (Path(final["details"]["adapter_dir"]) / "adapter_model.safetensors").is_file()
 
 
-@pytest.mark.xfail(reason="regression found at the end of session 6: after rank 0 is killed the new attempt does not say it resumes after step 4; to be fixed first next session (see the closing note)", strict=False)
 def test_a_stop_while_the_run_restarts_ends_it_after_one_step_of_the_new_attempt(
     ray_cluster: str, start_server: Any, tiny_model: Path
 ) -> None:
