@@ -112,8 +112,8 @@ class Bare:
     def __init__(self, model_dir: Path, precision: str) -> None:
         import torch
 
-        from finetune_studio.training.models import ModelSource, load_tokenizer_and_model
-        from finetune_studio.training.precision import decide_precision, torch_dtype
+        from finetune_studio.child.models import ModelSource, load_tokenizer_and_model
+        from finetune_studio.child.precision import decide_precision, torch_dtype
 
         self.choice = decide_precision(precision)
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")

@@ -61,7 +61,7 @@ class Bare:
     def __init__(self, model_dir: Path) -> None:
         import torch
 
-        from finetune_studio.training.models import ModelSource, load_tokenizer_and_model
+        from finetune_studio.child.models import ModelSource, load_tokenizer_and_model
 
         # As the chat process does (inference/models.load_transformers): float32 on a CPU, bf16 on a GPU that has it.
         cuda = torch.cuda.is_available()

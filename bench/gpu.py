@@ -49,7 +49,7 @@ H200_BF16_PEAK = 790e12  # dense bf16 FLOP/s
 def make_text_data(path: Path, rows: int, max_words: int, seed: int = 0) -> Path:
     """Rows of random words from the tiny tokenizer's corpus, of lengths spread from
     an eighth of max_words to max_words (so that packing has gaps to fill)."""
-    from finetune_studio.training.tiny_model import _CORPUS
+    from finetune_studio.child.tiny_model import _CORPUS
 
     words = _CORPUS.split()
     rng = random.Random(seed)
@@ -90,7 +90,7 @@ def main() -> None:
 
     import torch
 
-    from finetune_studio.training.tiny_model import build_tiny_model
+    from finetune_studio.child.tiny_model import build_tiny_model
 
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "CPU (no CUDA)"
     print(f"device: {device}; torch {torch.__version__}\n", flush=True)

@@ -24,8 +24,8 @@ import sys
 import time
 from pathlib import Path
 
-from finetune_studio.training.datasets.files import read_records
-from finetune_studio.training.datasets.load import load_local
+from finetune_studio.child.datasets.files import read_records
+from finetune_studio.child.datasets.load import load_local
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository, for tests/
 from tests.helpers.whole_file_json import json_records, whole_text  # noqa: E402

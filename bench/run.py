@@ -87,7 +87,7 @@ def per_event_costs(work: Path, n: int = 5000) -> tuple[float, float]:
     child_code = f"""
 import os, time, types
 from finetune_studio.training.callbacks import ProgressCallback
-from finetune_studio.training.channel import Channel, StopSignal
+from finetune_studio.child.channel import Channel, StopSignal
 sink = open(os.devnull, "w")
 stop = StopSignal()
 callback = ProgressCallback(Channel(sink, stop), stop, lambda total, first: None)

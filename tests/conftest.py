@@ -17,7 +17,7 @@ from typing import Any, Optional
 import pytest
 
 from tests.helpers.disks import SmallDisk
-from tests.helpers.servers import ServerProcess
+from tests.helpers.servers import ServerProcess, stopped_at_teardown
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -43,16 +43,10 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def start_server(tmp_path: Path) -> Iterator[Any]:
     """Start servers (stopped at teardown): start_server(env=..., data_dir=...)."""
-    servers: list[ServerProcess] = []
+    def make(env: Optional[dict[str, str]] = None, data_dir: Optional[Path] = None, args: Optional[list[str]] = None) -> ServerProcess:
+        return ServerProcess(data_dir or tmp_path / "data", env, args)
 
-    def start(env: Optional[dict[str, str]] = None, data_dir: Optional[Path] = None, args: Optional[list[str]] = None) -> ServerProcess:
-        server = ServerProcess(data_dir or tmp_path / "data", env, args)
-        servers.append(server)
-        return server.start()
-
-    yield start
-    for server in servers:
-        server.stop()
+    yield from stopped_at_teardown(make, ServerProcess.start, ServerProcess.stop)
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ Unbounded, one such text is copied into the job's stream, its database row and
 every polling answer (a 3 MB column name made every `GET /train/status` 3 MB; a
 20 MB one made the child's message too long for the pipe, and the job ended
 `worker_died` instead of naming the line). So each status is bounded twice, with
-the same function: by the child before it sends (`training/channel.py`), and by
+the same function: by the child before it sends (`child/channel.py`), and by
 the server before it stores (`jobs/service.py`), since a child's message is
 untrusted there.
 

@@ -1,7 +1,7 @@
 """The rules of a conversation, for the file store and the dataset reader alike.
 
 An upload is checked by the server (files/checks.py), a dataset by the training
-child (training/datasets/); the server may not import training/, so the rules both
+child (child/datasets/); the server may not import training/, so the rules both
 apply live here, in plain Python, and each side words its own answers:
 
 - `CHAT_ROLES`: OpenAI's chat roles as the trainer names them (`developer` is the
@@ -25,7 +25,7 @@ Messages = list[dict[str, str]]
 
 CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 
-# The dataset files the training child reads (training/datasets/files.py), and so the studio's uploads.
+# The dataset files the training child reads (child/datasets/files.py), and so the studio's uploads.
 DATASET_SUFFIXES = (".jsonl", ".json", ".csv", ".parquet", ".txt")
 
 OrderKind = Literal[

@@ -7,6 +7,8 @@
     +-- StartRefused                 (400) a well-formed request the server cannot take
     |   +-- PathNotAllowed           (403) a path outside the configured roots, on an exposed server
     |   +-- QueueFull                (429) too many jobs waiting
+    +-- WebhookNotFound              (404) no webhook has this id
+    +-- WebhookRefused               (400, 403 a target the server may not reach) a registration it will not take
     +-- InvalidTransition            (409) a phase change that the state machine forbids
     +-- PastLastEvent                (416) a Last-Event-ID beyond the job's last event
     +-- InspectionBusy               (429) as many dataset inspections running as the server allows
@@ -66,6 +68,25 @@ class PathNotAllowed(StartRefused):
 
 class QueueFull(StartRefused):
     status_code = 429
+
+
+class WebhookNotFound(StudioError):
+    status_code = 404
+
+    def __init__(self, webhook_id: str) -> None:
+        super().__init__(f"no webhook {webhook_id!r}: GET /webhooks lists them")
+
+
+class WebhookRefused(StudioError):
+    """A registration this server will not take (`field` names the body field at fault):
+    400, or 403 for a target the server may not reach (outbound.py)."""
+
+    status_code = 400
+
+    def __init__(self, message: str, field: str = "", status_code: int = 400) -> None:
+        super().__init__(message)
+        self.field = field
+        self.status_code = status_code
 
 
 class InvalidTransition(StudioError):

@@ -200,7 +200,7 @@ RewardFunction = Annotated[
 REWARD_NAMES = ("exact_match", "numeric_match", "regex", "length")
 # Fields that only a GRPO job reads.
 _GRPO_FIELDS = ("reward_functions", "num_generations", "max_completion_length")
-# The columns each method's rows have (training/datasets/methods.py reads them).
+# The columns each method's rows have (child/datasets/methods.py reads them).
 _METHOD_COLUMNS = {
     "dpo": "prompt, chosen, rejected",
     "orpo": "prompt, chosen, rejected",

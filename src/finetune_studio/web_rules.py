@@ -1,7 +1,8 @@
 """web/rules.js: the server's rules that the page applies itself, written from their one home.
 
 The page decides some things from what it already has, without asking the server
-(whether a run has a model to chat with, from the status it shows); it reads each
+(whether a run has a model to chat with, from the status it shows; which evaluations
+compare a run with its base); it reads each
 rule's facts from web/rules.js, which this module writes from the server's own
 constants. After a change to one of them, run `python -m finetune_studio.web_rules`;
 until then tests/unit/test_web_rules.py fails, naming the difference.
@@ -13,6 +14,7 @@ import json
 from pathlib import Path
 
 from finetune_studio.jobs.phases import RESULT_PHASES
+from finetune_studio.schemas import BASE_MODEL_PREFIX
 
 RULES_JS = Path(__file__).resolve().parent / "web" / "rules.js"
 
@@ -28,6 +30,10 @@ def render() -> str:
         "// each with the status details one of which must name the saved result (none: the phase is\n"
         "// enough): jobs/phases.py, RESULT_PHASES and has_result.\n"
         f"export const RESULT_PHASES = {result_phases};\n"
+        "\n"
+        "// The model id that names a training job's base model alone: this prefix and the job's id\n"
+        "// (an evaluation's `models`, GET /v1/models): schemas.BASE_MODEL_PREFIX.\n"
+        f"export const BASE_MODEL_PREFIX = {json.dumps(BASE_MODEL_PREFIX)};\n"
     )
 
 

@@ -243,7 +243,9 @@ def last_checkpoint(folder: Path) -> Optional[Path]:
 #
 # stdin, one JSON object per line:
 #   GenerateCommand   start a completion (the child decodes all running ones together, one
-#                     batched forward pass per step; beyond --max-batch-size they wait, in order)
+#                     batched forward pass per step; beyond --max-batch-size they wait, in order):
+#                     a chat's `messages`, or a `prompt` (/v1/completions: a text, or token ids
+#                     used exactly as given)
 #   {"type": "cancel", "id": ...}   the client went away: stop generating it (nothing more
 #                                   is sent for it; an unknown or finished id is ignored)
 #   {"type": "unload"}              free every loaded model (training needs the memory); one
@@ -287,7 +289,7 @@ class ModelRef(_ModelRefFields, total=False):
 class _SamplingFields(TypedDict):
     temperature: float  # 0: greedy
     top_p: float
-    max_tokens: Optional[int]  # None: up to the context length
+    max_tokens: Optional[int]  # None: up to the context length; 0 (with prompt_logprobs): the prompt's alone
     stop: list[str]
     seed: Optional[int]
 
@@ -302,11 +304,14 @@ class SamplingParams(_SamplingFields, total=False):
     (the raw logits, before temperature and top_p): `logprobs`, each chosen token's, on
     the `delta` that carries it; `top_logprobs` (0 to MAX_TOP_LOGPROBS, with `logprobs`),
     that many most likely alternatives beside each; `prompt_logprobs`, each prompt
-    token's, on `started` (what /v1/completions' `echo` needs)."""
+    token's, on `started` (what /v1/completions' `echo` needs); `eos_logprobs`, the
+    end-of-text token that ends an answer listed too (on a `delta` with no text), as
+    OpenAI's completions list it, where a chat leaves it out."""
 
     logprobs: bool
     top_logprobs: int
     prompt_logprobs: bool
+    eos_logprobs: bool
 
 
 class TopLogprob(TypedDict):
@@ -327,12 +332,20 @@ class TokenLogprob(TypedDict):
     top_logprobs: list[TopLogprob]
 
 
-class GenerateCommand(TypedDict):
+class _GenerateFields(TypedDict):
     type: Literal["generate"]
     id: str
     model: ModelRef
-    messages: list[dict[str, str]]  # {"role", "content"}, shaped by the model's chat template
     params: SamplingParams
+
+
+class GenerateCommand(_GenerateFields, total=False):
+    """One of `messages` (a chat) and `prompt` (a completion) is given."""
+
+    messages: list[dict[str, str]]  # {"role", "content"}, shaped by the model's chat template
+    # A text (its tokens, a BOS put first where the model's tokenizer adds one and the text has
+    # none), or token ids, used exactly as given (no BOS added).
+    prompt: Union[str, list[int]]
 
 
 InferenceFailureCode = Literal["model_not_found", "context_length_exceeded", "invalid_request", "internal_error"]

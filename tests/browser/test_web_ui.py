@@ -50,6 +50,12 @@ def studio(page: Any, expression: str) -> Any:
     return page.evaluate(f"window.__studio.{expression}")
 
 
+def tiny_run(tiny_model: Path, **fields: Any) -> dict[str, Any]:
+    """The form's fields for a short LoRA run of the tiny model on the demo data, with `fields` over them."""
+    return {"model_name": tiny_model, "local_datasets": [str(DEMO_DATA)], "format_type": "alpaca", "learning_rate": "1e-3",
+            "batch_size": 2, "lora_r": 4, "lora_alpha": 8, "max_seq_length": 128, **fields}
+
+
 def fill_form(page: Any, **fields: Any) -> None:
     for name, value in fields.items():
         locator = page.get_by_test_id(f"field-{name}")
@@ -113,19 +119,7 @@ def test_form_defaults_come_from_the_request_model(server: Any, page: Any) -> No
 @pytest.mark.train
 def test_start_from_the_form_and_watch_it_complete(server: Any, page: Any, tiny_model: Path) -> None:
     open_ui(page, server.url)
-    fill_form(
-        page,
-        model_name=tiny_model,
-        local_datasets=[str(DEMO_DATA)],
-        format_type="alpaca",
-        max_steps=12,
-        learning_rate="1e-3",
-        batch_size=2,
-        lora_r=4,
-        lora_alpha=8,
-        max_seq_length=128,
-        project_name="form-run",
-    )
+    fill_form(page, **tiny_run(tiny_model, max_steps=12, project_name="form-run"))
     page.get_by_test_id("field-max_seq_length").press("Enter")  # the keyboard submits
 
     wait_js(page, "window.__studio.phase() === 'completed'")
@@ -288,18 +282,7 @@ def test_token_protected_server_works_once_the_token_is_entered(start_server: An
     page.wait_for_selector("[data-testid=server-state][data-state=ok]", timeout=10 * SECOND)
     expect(page.get_by_test_id("token-state")).to_have_text("token set", use_inner_text=True)
 
-    fill_form(
-        page,
-        model_name=tiny_model,
-        local_datasets=[str(DEMO_DATA)],
-        format_type="alpaca",
-        max_steps=6,
-        learning_rate="1e-3",
-        batch_size=2,
-        lora_r=4,
-        lora_alpha=8,
-        max_seq_length=128,
-    )
+    fill_form(page, **tiny_run(tiny_model, max_steps=6))
     page.get_by_test_id("start-button").click()
     wait_js(page, "window.__studio.phase() === 'completed'")
     assert studio(page, "points('loss')") == 6

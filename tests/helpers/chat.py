@@ -126,6 +126,24 @@ def wait_for_an_idle_child(request: pytest.FixtureRequest) -> None:
         wait_for(lambda: running.studio.inference.active == 0, timeout=30, what="the child's requests to end")
 
 
+def chat_module_fixtures(name: str) -> tuple[Any, Any]:
+    """A module's `server` (one ChatServer for the module, on a data dir named `name`) and an
+    autouse fixture that waits, after each test, until the child holds no request of it:
+    `server, nothing_left_in_the_child = chat_module_fixtures("chat")`."""
+
+    @pytest.fixture(scope="module")
+    def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ChatServer]:
+        with chat_server(tmp_path_factory, name) as running:
+            yield running
+
+    @pytest.fixture(autouse=True)
+    def nothing_left_in_the_child(request: pytest.FixtureRequest) -> Iterator[None]:
+        yield
+        wait_for_an_idle_child(request)
+
+    return server, nothing_left_in_the_child
+
+
 def kill_the_child_once_it_holds(server: ChatServer, requests: int) -> int:
     """SIGKILL the chat child once it holds `requests` requests; its pid."""
     wait_for(lambda: server.studio.inference.active == requests, timeout=30, what="the request to reach the child")

@@ -92,6 +92,14 @@ class FakeOpenAI:
             404,
         )
 
+    def _model(self, body: dict[str, Any], request: Request) -> tuple[str, Optional[JSONResponse]]:
+        """The model a request names, and the answer to give instead where its key or model is wrong."""
+        model = str(body.get("model"))
+        refused = self._refused(request)
+        if refused is None and model not in self.models:
+            refused = self._unknown(model)
+        return model, refused
+
     def _app(self) -> FastAPI:
         app = FastAPI()
 
@@ -104,12 +112,9 @@ class FakeOpenAI:
 
         @app.post("/v1/chat/completions")
         def chat(body: dict[str, Any], request: Request) -> Any:
-            refused = self._refused(request)
+            model, refused = self._model(body, request)
             if refused is not None:
                 return refused
-            model = str(body.get("model"))
-            if model not in self.models:
-                return self._unknown(model)
             text = self.answer(model, list(body["messages"]))
             with self.lock:
                 self.chats.append((body, text))
@@ -124,12 +129,9 @@ class FakeOpenAI:
             if not self.completions_route:
                 return JSONResponse({"error": {"message": "no route POST /v1/completions", "type": "invalid_request_error",
                                                "param": None, "code": None}}, 404)
-            refused = self._refused(request)
+            model, refused = self._model(body, request)
             if refused is not None:
                 return refused
-            model = str(body.get("model"))
-            if model not in self.models:
-                return self._unknown(model)
             prompts = body["prompt"]
             if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
                 prompts = [prompts]

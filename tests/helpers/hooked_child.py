@@ -25,9 +25,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO, Any, Literal, Optional
 
+from finetune_studio.child.channel import Channel, StopSignal
 from finetune_studio.schemas import Phase
 from finetune_studio.supervisor.launcher import LocalProcessHandle, LocalProcessLauncher
-from finetune_studio.training.channel import Channel, StopSignal
 from finetune_studio.training.child import main
 from finetune_studio.wire import WorkerSpec
 from tests.helpers.children import HOOKED_CHILD

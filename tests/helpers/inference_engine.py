@@ -98,8 +98,12 @@ class Recorder:
         for _ in range(max_steps):
             if not self.engine.busy:
                 return self.results()
-            self.engine.step()
+            self.step()
         raise AssertionError(f"still busy after {max_steps} steps")
+
+    def step(self) -> None:
+        """One step of the engine (a subclass may record what it did)."""
+        self.engine.step()
 
     def results(self) -> dict[str, dict[str, Any]]:
         """Per request: its text (the deltas joined) and its last message's fields."""

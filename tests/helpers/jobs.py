@@ -64,6 +64,13 @@ def collect(client: StudioClient, job_id: str, last_event_id: int = 0) -> list[S
     return list(client.stream(job_id, last_event_id=last_event_id))
 
 
+def run_to_end(server: Any, request: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """Start `request` on `server` (anything with `client()`) and follow it to its end: its id and last status."""
+    with server.client() as client:
+        job_id = client.start(request)
+        return job_id, collect(client, job_id)[-1].data
+
+
 def phases(events: list[StreamEvent]) -> list[str]:
     return [e.data["phase"] for e in events if e.kind == "status"]
 

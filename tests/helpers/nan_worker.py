@@ -11,7 +11,7 @@ import json
 import math
 import sys
 
-from finetune_studio.training.channel import Channel, StopSignal
+from finetune_studio.child.channel import Channel, StopSignal
 
 STEPS = 4
 

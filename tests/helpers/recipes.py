@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from finetune_studio.training.channel import Channel, JobFailure, StopSignal
+from finetune_studio.child.channel import Channel, JobFailure, StopSignal
 from finetune_studio.training.recipe import Recipe
 from finetune_studio.wire import WorkerSpec
 

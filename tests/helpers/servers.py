@@ -5,6 +5,7 @@ loopback port."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Optional, TypeVar
 
@@ -21,6 +22,24 @@ from finetune_studio.supervisor.launcher import WorkerLauncher
 from tests.helpers.polling import wait_for
 
 Live = TypeVar("Live", bound="LiveServer")
+
+
+Made = TypeVar("Made")
+
+
+def stopped_at_teardown(make: Callable[..., Made], start: Callable[[Made], Made],
+                        stop: Callable[[Made], Any]) -> Iterator[Callable[..., Made]]:
+    """A fixture's body (`yield from` it): yields a function that makes a server, keeps it, and
+    starts it; at teardown every server it made is stopped, a start that failed included."""
+    made: list[Made] = []
+
+    def started(*args: Any, **kwargs: Any) -> Made:
+        made.append(make(*args, **kwargs))
+        return start(made[-1])
+
+    yield started
+    for server in made:
+        stop(server)
 
 
 class ServerProcess(LocalServer):

@@ -11,11 +11,13 @@ from finetune_studio.jobs.service import JobService
 FRAME = re.compile(rb"event: (status|progress)\ndata: ([^\n]*)\nid: (\d+)\n\n")
 
 
-def to_training(service: JobService) -> str:
-    """A new job, taken through every phase to training; its id."""
+def to_training(service: JobService, steps: int = 0) -> str:
+    """A new job, taken through every phase to training, that has reported `steps` steps; its id."""
     job = service.create_job({}, "queued", {})
     for phase in ("loading_model", "loading_dataset", "configuring", "training"):
         service.transition(job.id, phase, phase)
+    for n in range(1, steps + 1):
+        step(service, job.id, n)
     return job.id
 
 

@@ -1,4 +1,4 @@
-"""The whole-file `.json` reader that the streaming one (`training/datasets/jsonstream.py`)
+"""The whole-file `.json` reader that the streaming one (`child/datasets/jsonstream.py`)
 replaced, kept as the yardstick: tests/unit/test_large_files.py checks that streaming
 yields the same rows and the same errors, and bench/peak_memory.py's `whole` mode
 measures its memory. No product path runs it, which is why it lives here and not under src/.
@@ -16,8 +16,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from finetune_studio.training.datasets.errors import NESTED_TOO_DEEPLY, BadRecord, DatasetError, kind_of, names
-from finetune_studio.training.datasets.files import bad_document
+from finetune_studio.child.datasets.errors import NESTED_TOO_DEEPLY, BadRecord, DatasetError, kind_of, names
+from finetune_studio.child.datasets.files import bad_document
 
 Record = tuple[str, Any]
 

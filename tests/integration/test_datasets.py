@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
-from finetune_studio.training.datasets import HUB_UNREACHABLE
+from finetune_studio.child.datasets import HUB_UNREACHABLE
 from tests.data.corpus import BAD_FILES, GOOD
 from tests.helpers.jobs import collect, job_request, phases
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from finetune_studio.training.channel import JobFailure
+from finetune_studio.child.channel import JobFailure
 from finetune_studio.wire import JobFolder
 from tests.data.corpus import GOOD
 from tests.helpers.jobs import collect, job_request

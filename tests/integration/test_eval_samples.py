@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from finetune_studio.child.datasets import load_local
 from finetune_studio.training.callbacks import EVAL_SAMPLE_NEW_TOKENS
-from finetune_studio.training.datasets import load_local
 from tests.data.corpus import GOOD
 from tests.helpers.jobs import collect, job_request
 from tests.helpers.servers import ServerProcess

@@ -14,8 +14,8 @@ from typing import Any
 import httpx
 import pytest
 
+from finetune_studio.child.completions import assistant_spans
 from finetune_studio.config import Settings
-from finetune_studio.training.completions import assistant_spans
 from tests.helpers.evaluations import TASK_YAML, AdapterLauncher, rows_file, trained
 from tests.helpers.paths import REPO
 from tests.helpers.polling import wait_for

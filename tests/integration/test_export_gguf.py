@@ -294,8 +294,8 @@ def test_the_modelfile_names_a_file_that_loads_and_carries_the_chat_template(ggu
 def test_a_lora_gguf_on_the_base_gguf_matches_the_merged_model(
     workspace: Path, job: Path, smol_folder: Path, reference: Reference
 ) -> None:
+    from finetune_studio.child.channel import StopSignal
     from finetune_studio.export.convert import convert_model
-    from finetune_studio.training.channel import StopSignal
 
     out = workspace / "exports" / "lora"
     messages = export(job, out, "lora_gguf", ["f16"])

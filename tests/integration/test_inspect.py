@@ -20,9 +20,9 @@ from typing import Any
 import httpx
 import pytest
 
+from finetune_studio.child.channel import JobFailure
+from finetune_studio.child.datasets import load_training_data
 from finetune_studio.schemas import DatasetInspectRequest
-from finetune_studio.training.channel import JobFailure
-from finetune_studio.training.datasets import load_training_data
 from tests.data.corpus import BAD_FILES, GOOD
 from tests.helpers.servers import ServerProcess
 

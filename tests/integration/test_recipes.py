@@ -13,7 +13,7 @@ from safetensors.numpy import load_file
 
 from finetune_studio.config import Settings
 from tests.helpers.hooked_child import HookedLauncher, Hooks
-from tests.helpers.jobs import collect, job_request, phases
+from tests.helpers.jobs import collect, job_request, phases, run_to_end
 from tests.helpers.paths import DEMO_DATA, REPO
 from tests.helpers.polling import wait_for
 from tests.helpers.servers import LiveServer, ServerProcess
@@ -138,10 +138,7 @@ def test_stop_then_resume_continues_the_same_loss_curve(
 
 
 def test_resume_from_an_unknown_job_says_what_to_fix(shared_server: ServerProcess, tiny_model: Path) -> None:
-    server = shared_server
-    with server.client() as client:
-        job_id = client.start(job_request(tiny_model, resume_from_checkpoint="abcdef123456"))
-        final = collect(client, job_id)[-1].data
+    _, final = run_to_end(shared_server, job_request(tiny_model, resume_from_checkpoint="abcdef123456"))
     assert final["details"]["error_code"] == "config_invalid"
     assert "neither a checkpoint folder nor a job id" in final["error"]
 
@@ -167,24 +164,18 @@ def test_full_finetuning_and_continued_pretraining(shared_server: ServerProcess,
 
 
 def test_a_hub_id_fails_fast_when_the_hub_cannot_be_reached(start_server, tiny_model: Path) -> None:  # type: ignore[no-untyped-def]
-    server = start_server(env={"HF_HUB_OFFLINE": "1"})
-    with server.client() as client:
-        job_id = client.start(job_request(tiny_model, model_name="HuggingFaceTB/SmolLM2-135M-Instruct"))
-        final = collect(client, job_id)[-1].data
+    _, final = run_to_end(start_server(env={"HF_HUB_OFFLINE": "1"}), job_request(tiny_model, model_name="HuggingFaceTB/SmolLM2-135M-Instruct"))
     assert final["details"]["error_code"] == "model_not_found"
     assert "cannot reach the Hugging Face hub; name a local folder or file" in final["error"]
 
 
 def test_export_writes_a_merged_model_that_transformers_loads(shared_server: ServerProcess, tiny_model: Path, tmp_path: Path) -> None:
-    server = shared_server
-    with server.client() as client:
-        job_id = client.start(job_request(tiny_model, max_steps=4, learning_rate="5e-3", use_rslora=True))
-        final = collect(client, job_id)[-1].data
+    job_id, final = run_to_end(shared_server, job_request(tiny_model, max_steps=4, learning_rate="5e-3", use_rslora=True))
     assert final["phase"] == "completed"
     assert json.loads((Path(final["details"]["adapter_dir"]) / "adapter_config.json").read_text())["use_rslora"] is True
     merged = tmp_path / "merged"
     subprocess.run(
-        [sys.executable, "-m", "finetune_studio.cli.main", "export", job_id, "--merged", str(merged), "--data-dir", str(server.data_dir)],
+        [sys.executable, "-m", "finetune_studio.cli.main", "export", job_id, "--merged", str(merged), "--data-dir", str(shared_server.data_dir)],
         check=True, capture_output=True,
     )
     check = f"""

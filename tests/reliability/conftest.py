@@ -15,7 +15,7 @@ from finetune_studio.config import Settings
 from finetune_studio.supervisor.launcher import LocalProcessLauncher, WorkerLauncher
 from tests.helpers.children import STAND_IN_EXPORT_WORKER, STAND_IN_WORKER
 from tests.helpers.paths import REPO
-from tests.helpers.servers import LiveServer
+from tests.helpers.servers import LiveServer, stopped_at_teardown
 
 
 @pytest.fixture
@@ -24,22 +24,16 @@ def live_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any
     tests/helpers/stand_in_worker.py, or what `launcher` starts (hooked_child.HookedLauncher:
     real children with test hooks); its exports run tests/helpers/stand_in_export_worker.py."""
     monkeypatch.chdir(REPO)  # the stand-in worker is imported from the repository
-    servers: list[LiveServer] = []
-
-    def start(launcher: Optional[WorkerLauncher] = None, **overrides: Any) -> LiveServer:
+    def make(launcher: Optional[WorkerLauncher] = None, **overrides: Any) -> LiveServer:
         values: dict[str, Any] = {"data_dir": tmp_path / "data", "stop_grace_seconds": 5, "kill_grace_seconds": 1}
         values.update(overrides)
-        server = LiveServer(
+        return LiveServer(
             Settings(**values),
             launcher or LocalProcessLauncher(module=STAND_IN_WORKER),
             export_launcher=LocalProcessLauncher(module=STAND_IN_EXPORT_WORKER),
         )
-        servers.append(server)
-        return server.__enter__()
 
-    yield start
-    for server in servers:
-        server.__exit__()
+    yield from stopped_at_teardown(make, LiveServer.__enter__, LiveServer.__exit__)
 
 
 @pytest.fixture

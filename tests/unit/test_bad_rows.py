@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
+from finetune_studio.child.channel import Channel, JobFailure, StopSignal
+from finetune_studio.child.datasets import DatasetError, LoadedData, load_training_data
 from finetune_studio.schemas import TrainingStartRequest
-from finetune_studio.training.channel import Channel, JobFailure, StopSignal
-from finetune_studio.training.datasets import DatasetError, LoadedData, load_training_data
 from finetune_studio.training.recipe import Recipe
 from finetune_studio.wire import WorkerSpec
 from tests.helpers.dumps import DUMP_ROWS, Dump

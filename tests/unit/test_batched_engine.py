@@ -22,15 +22,8 @@ from finetune_studio.inference import models
 from finetune_studio.inference.chat_model import BaseKey
 from finetune_studio.inference.models import LoadedModel
 from finetune_studio.inference.pool import ModelPool
-from tests.helpers.inference_engine import (
-    QUESTION,
-    Recorder,
-    answer_of,
-    command,
-    make_adapter,
-    make_lively_model,
-    reference,
-)
+from tests.helpers import inference_engine as helpers
+from tests.helpers.inference_engine import QUESTION, Recorder, answer_of, command, reference
 
 pytestmark = pytest.mark.train
 
@@ -46,7 +39,7 @@ PROMPTS = [
 @pytest.fixture(scope="module")
 def lively(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny model with its weights stirred (test_inference_engine.py's `lively_model`)."""
-    return make_lively_model(tiny_model, tmp_path_factory.mktemp("lively") / "model")
+    return helpers.make_lively_model(tiny_model, tmp_path_factory.mktemp("lively") / "model")
 
 
 @pytest.fixture(autouse=True)
@@ -73,7 +66,7 @@ def make_dora_adapter(base: Path, directory: Path, seed: int) -> Path:
 @pytest.fixture(scope="module")
 def three_adapters(lively: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("batched-adapters")
-    return {"one": make_adapter(lively, root / "one", seed=11), "two": make_adapter(lively, root / "two", seed=12),
+    return {"one": helpers.make_adapter(lively, root / "one", seed=11), "two": helpers.make_adapter(lively, root / "two", seed=12),
             "dora": make_dora_adapter(lively, root / "dora", seed=13)}
 
 
@@ -99,15 +92,6 @@ class Observer(Recorder):
         self.seen.append(self.engine.batches())
         self.running.append(self.engine.running)
         self.passes.append([])
-
-    def run(self, *commands: dict[str, Any], max_steps: int = 10_000) -> dict[str, dict[str, Any]]:
-        for item in commands:
-            self.engine.handle(item)
-        for _ in range(max_steps):
-            if not self.engine.busy:
-                return self.results()
-            self.step()
-        raise AssertionError(f"still busy after {max_steps} steps")
 
     def ids_of(self, request_id: str) -> list[int]:
         """The tokens of an answer that asked for logprobs."""

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from finetune_studio.bounds import MAX_ERROR_CHARS, MAX_WARNINGS
-from finetune_studio.training.channel import Channel, StopSignal
+from finetune_studio.child.channel import Channel, StopSignal
 from finetune_studio.wire import MAX_MESSAGE_BYTES, WorkerSpec
 
 
@@ -129,7 +129,7 @@ def test_a_message_over_the_pipe_limit_is_shrunk_rather_than_lost() -> None:
 # A child's start, in a process of its own: open_child_wire repoints its fd 1.
 _CHILD = """
 import sys
-from finetune_studio.training.channel import open_child_wire, plain_channel
+from finetune_studio.child.channel import open_child_wire, plain_channel
 
 made = []
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,26 +17,15 @@ import pytest
 from tests.helpers.chat import (
     BASE,
     ChatServer,
-    chat_server,
+    chat_module_fixtures,
     kill_the_child_once_it_holds,
-    wait_for_an_idle_child,
 )
 from tests.helpers.paths import REPO
 from tests.helpers.polling import wait_for
 
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ChatServer]:
-    """One server for the module: its child starts once (and again where a test kills it)."""
-    with chat_server(tmp_path_factory, "chat") as running:
-        yield running
-
-
-@pytest.fixture(autouse=True)
-def nothing_left_in_the_child(request: pytest.FixtureRequest) -> Iterator[None]:
-    """Every test leaves no request behind in the child (each is answered, cancelled or failed)."""
-    yield
-    wait_for_an_idle_child(request)
+# One server for the module (its child starts once, and again where a test kills it); each test
+# leaves no request behind in the child.
+server, nothing_left_in_the_child = chat_module_fixtures("chat")
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,6 @@ import json
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,29 +24,19 @@ from tests.helpers.chat import (
     BASE,
     TOKEN,
     ChatServer,
-    chat_server,
+    chat_module_fixtures,
     kill_the_child_once_it_holds,
-    wait_for_an_idle_child,
 )
 from tests.helpers.polling import wait_for
 
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ChatServer]:
-    with chat_server(tmp_path_factory, "cli-chat") as running:
-        yield running
+# One server for the module (its child starts once, and again where a test kills it); each test
+# leaves no request behind in the child.
+server, nothing_left_in_the_child = chat_module_fixtures("cli-chat")
 
 
 @pytest.fixture(scope="module")
 def jobs(server: ChatServer) -> dict[str, str]:
     return {"lora": server.job("lora", "completed"), "hold": server.job("hold", "training")}
-
-
-@pytest.fixture(autouse=True)
-def nothing_left_in_the_child(request: pytest.FixtureRequest) -> Iterator[None]:
-    """Every answer the command asked for ended (answered, failed or cancelled)."""
-    yield
-    wait_for_an_idle_child(request)
 
 
 def chat(server_url: str, *argv: str, stdin: str, token: str = TOKEN, monkeypatch: pytest.MonkeyPatch,

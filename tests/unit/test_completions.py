@@ -23,7 +23,7 @@ def test_only_answer_tokens_are_trained(tiny_model: Path, tmp_path: Path) -> Non
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import SFTConfig, SFTTrainer
 
-    from finetune_studio.training.completions import tokenize_with_assistant_mask
+    from finetune_studio.child.completions import tokenize_with_assistant_mask
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
     row = tokenize_with_assistant_mask(tokenizer, CONVERSATION)
@@ -52,8 +52,8 @@ def test_an_answer_with_weight_0_is_context_not_trained(tiny_model: Path) -> Non
     # from the file (the chatml reader keeps the weight) to the mask.
     from transformers import AutoTokenizer
 
-    from finetune_studio.training.completions import tokenize_with_assistant_mask
-    from finetune_studio.training.datasets.shapes import Notes, converter
+    from finetune_studio.child.completions import tokenize_with_assistant_mask
+    from finetune_studio.child.datasets.shapes import Notes, converter
 
     weighted = [dict(turn) for turn in CONVERSATION]
     weighted[2]["weight"] = 0  # type: ignore[assignment]

@@ -14,9 +14,8 @@ from typing import Any, ClassVar
 
 import pytest
 
-from finetune_studio.schemas import TrainingStartRequest
-from finetune_studio.training.channel import JobFailure
-from finetune_studio.training.datasets import (
+from finetune_studio.child.channel import JobFailure
+from finetune_studio.child.datasets import (
     HUB_UNREACHABLE,
     DatasetError,
     LoadedData,
@@ -26,7 +25,8 @@ from finetune_studio.training.datasets import (
     load_training_data,
     measure,
 )
-from finetune_studio.training.datasets import hub as hub_module
+from finetune_studio.child.datasets import hub as hub_module
+from finetune_studio.schemas import TrainingStartRequest
 from tests.data.corpus import BAD, BAD_FILES, GOOD, BadFile
 
 QA_MAPPING = {"system": "system", "question": "user", "answer": "assistant"}
@@ -702,9 +702,9 @@ def test_the_hubs_answers_are_told_apart(monkeypatch: pytest.MonkeyPatch, name: 
 def test_offline_mode_looks_only_in_the_cache(tmp_path: Path) -> None:
     # HF_HUB_OFFLINE is read when datasets is imported, so this runs in a fresh interpreter.
     script = (
-        "from finetune_studio.training.datasets import load_training_data\n"
+        "from finetune_studio.child.datasets import load_training_data\n"
         "from finetune_studio.schemas import TrainingStartRequest\n"
-        "from finetune_studio.training.channel import JobFailure\n"
+        "from finetune_studio.child.channel import JobFailure\n"
         "r = TrainingStartRequest(model_name='m', training_type='LoRA/QLoRA', format_type='auto',\n"
         "                         hf_dataset='someone/x')\n"
         "try:\n    load_training_data(r)\nexcept JobFailure as e:\n    print(e.error_code, e.message)\n"
@@ -719,7 +719,7 @@ def test_offline_mode_looks_only_in_the_cache(tmp_path: Path) -> None:
 
 def test_the_package_imports_nothing_heavy() -> None:
     script = (
-        "import sys, finetune_studio.training.datasets\n"
+        "import sys, finetune_studio.child.datasets\n"
         "heavy = ('torch', 'transformers', 'datasets', 'pyarrow', 'huggingface_hub')\n"
         "print(sorted(m for m in heavy if m in sys.modules))"
     )

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from finetune_studio.training.datasets import DatasetError, load_local
-from finetune_studio.training.datasets.errors import MAX_PROBLEM_CHARS
+from finetune_studio.child.datasets import DatasetError, load_local
+from finetune_studio.child.datasets.errors import MAX_PROBLEM_CHARS
 
 DEEP = "[" * 100_000 + "]" * 100_000  # far past the parser's ~1,000 levels
 GOOD_ROW = {"instruction": "Say hi", "output": "Hi"}

@@ -16,12 +16,12 @@ import pytest
 import sacrebleu
 from rouge_score import rouge_scorer
 
+from finetune_studio.child.completions import assistant_spans
+from finetune_studio.child.datasets.errors import DatasetError
+from finetune_studio.child.datasets.load import load_local
 from finetune_studio.evaluation.api import PromptLogprobs
 from finetune_studio.evaluation.heldout import NO_COMPLETIONS, answer_token_stats
 from finetune_studio.evaluation.stats import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED
-from finetune_studio.training.completions import assistant_spans
-from finetune_studio.training.datasets.errors import DatasetError
-from finetune_studio.training.datasets.load import load_local
 from tests.helpers.evaluations import TASK_YAML, eval_request, run_eval_child
 from tests.helpers.fake_openai import FakeOpenAI
 

@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 
+from finetune_studio.child.channel import JobFailure
+from finetune_studio.child.completions import render
+from finetune_studio.child.datasets import load_training_data, measure
+from finetune_studio.inspection.inspect import PREVIEW_CHARS, inspect_dataset, suggest_mapping, token_statistics
 from finetune_studio.schemas import DatasetInspectRequest
-from finetune_studio.training.channel import JobFailure
-from finetune_studio.training.completions import render
-from finetune_studio.training.datasets import load_training_data, measure
-from finetune_studio.training.datasets.inspect import PREVIEW_CHARS, inspect_dataset, suggest_mapping, token_statistics
 from tests.data.corpus import BAD_FILES, GOOD, BadFile
 
 QA_MAPPING = {"system": "system", "question": "user", "answer": "assistant"}

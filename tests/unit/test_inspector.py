@@ -57,7 +57,7 @@ def test_a_crashing_child_is_reported_with_its_exit_and_log(tmp_path: Path) -> N
 
 def test_the_real_child_says_what_broke(tmp_path: Path) -> None:
     with pytest.raises(InspectionFailed, match="the dataset inspection failed: ValidationError"):
-        asyncio.run(inspector(tmp_path, module="finetune_studio.training.inspect_child").inspect({}))
+        asyncio.run(inspector(tmp_path, module="finetune_studio.inspection.child").inspect({}))
 
 
 def test_one_inspection_past_the_slots_is_refused_and_a_cancelled_one_kills_its_child(tmp_path: Path) -> None:

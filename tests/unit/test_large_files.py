@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from finetune_studio.training.datasets import jsonstream
-from finetune_studio.training.datasets.errors import DATASET_INVALID, NESTED_TOO_DEEPLY, BadRecord, DatasetError
-from finetune_studio.training.datasets.files import read_records
+from finetune_studio.child.datasets import jsonstream
+from finetune_studio.child.datasets.errors import DATASET_INVALID, NESTED_TOO_DEEPLY, BadRecord, DatasetError
+from finetune_studio.child.datasets.files import read_records
 from tests.helpers.whole_file_json import json_records, whole_text
 
 GOOD = Path(__file__).resolve().parents[1] / "data" / "good"

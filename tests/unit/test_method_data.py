@@ -15,11 +15,12 @@ import pyarrow.parquet as pq
 import pytest
 from pydantic import ValidationError
 
+from finetune_studio.child.channel import JobFailure
+from finetune_studio.child.datasets import DatasetError, LoadedData, load_training_data
+from finetune_studio.child.numbers import parse_number
 from finetune_studio.schemas import TrainingProgress, TrainingStartRequest
 from finetune_studio.training.callbacks import method_metrics
-from finetune_studio.training.channel import JobFailure
-from finetune_studio.training.datasets import DatasetError, LoadedData, load_training_data
-from finetune_studio.training.rewards import build_rewards, parse_number
+from finetune_studio.training.rewards import build_rewards
 
 BASE: dict[str, Any] = {"model_name": "m", "training_type": "LoRA/QLoRA", "format_type": "auto", "local_datasets": ["d.jsonl"]}
 GRPO: dict[str, Any] = {"training_method": "grpo", "reward_functions": [{"name": "exact_match"}]}

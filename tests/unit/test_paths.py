@@ -7,12 +7,12 @@ from pathlib import Path
 import pytest
 
 from finetune_studio.api.admission import named_paths
+from finetune_studio.child.channel import JobFailure
+from finetune_studio.child.datasets.errors import HUB_UNREACHABLE
+from finetune_studio.child.datasets.hub import open_hf_dataset
+from finetune_studio.child.models import ModelSource, from_local_cache, resolve_source
 from finetune_studio.paths import is_local
 from finetune_studio.schemas import TrainingStartRequest
-from finetune_studio.training.channel import JobFailure
-from finetune_studio.training.datasets.errors import HUB_UNREACHABLE
-from finetune_studio.training.datasets.hub import open_hf_dataset
-from finetune_studio.training.models import ModelSource, from_local_cache, resolve_source
 
 LOCAL_BY_FORM = ["/abs/model", "./model", "../model", "~/model", ".", "..", "a/b/c", "model.gguf", "Model.GGUF", "x\x00y"]
 HUB_IDS = ["gpt2", "HuggingFaceTB/SmolLM2-135M-Instruct"]

@@ -142,8 +142,8 @@ def test_system_reads_the_flags_from_cpuinfo(
 def configured(tmp_path: Path, tiny_model: Path, **fields: Any) -> tuple[Any, Any, list[dict[str, Any]]]:
     """A recipe that has read the data, loaded the model and built its trainer (no step
     trained): (recipe, trainer, the statuses and warnings it sent)."""
-    from finetune_studio.training.channel import Channel, StopSignal
-    from finetune_studio.training.models import resolve_source
+    from finetune_studio.child.channel import Channel, StopSignal
+    from finetune_studio.child.models import resolve_source
     from finetune_studio.training.recipe import Recipe
     from finetune_studio.wire import WorkerSpec
 
@@ -177,29 +177,21 @@ def cached_peak(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
 
 
 @PEFT_NOISE
-def test_auto_trains_lora_in_bf16_where_the_cpu_has_it(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, tiny_model: Path, cached_peak: None
+@pytest.mark.parametrize(("flags", "dtype", "reason", "frozen"), [
+    (AMX, "bf16", "the CPU has AMX (amx_bf16) and AVX512-BF16 (avx512_bf16)", "torch.bfloat16"),
+    (NEITHER, "fp32", "neither AMX nor AVX512-BF16", "torch.float32"),
+], ids=["native-bf16", "no-native-bf16"])
+def test_auto_trains_lora_in_bf16_only_where_the_cpu_has_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, tiny_model: Path, cached_peak: None,
+    flags: str, dtype: str, reason: str, frozen: str,
 ) -> None:
-    fake_cpuinfo(monkeypatch, tmp_path, AMX)
+    fake_cpuinfo(monkeypatch, tmp_path, flags)
     recipe, trainer, _ = configured(tmp_path, tiny_model)
-    assert recipe.facts["precision"] == {"dtype": "bf16", "asked": "auto", "reason": "the CPU has AMX (amx_bf16) and"
-                                         " AVX512-BF16 (avx512_bf16)"}
-    assert trainer.args.bf16 is True  # autocast (accelerate's torch.autocast("cpu", bfloat16))
-    assert base_dtypes(trainer) == ({"torch.bfloat16"}, {"torch.float32"})  # frozen base in bf16, the adapter in fp32
-    assert recipe.facts["peak"]["dtype"] == "bf16" and recipe.facts["peak"]["flops_per_second"] > 0
-
-
-@PEFT_NOISE
-def test_auto_stays_fp32_where_the_cpu_has_no_native_bf16(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, tiny_model: Path, cached_peak: None
-) -> None:
-    fake_cpuinfo(monkeypatch, tmp_path, NEITHER)
-    recipe, trainer, _ = configured(tmp_path, tiny_model)
-    assert recipe.facts["precision"]["dtype"] == "fp32"
-    assert "neither AMX nor AVX512-BF16" in recipe.facts["precision"]["reason"]
-    assert trainer.args.bf16 is False
-    assert base_dtypes(trainer) == ({"torch.float32"}, {"torch.float32"})
-    assert recipe.facts["peak"]["dtype"] == "fp32"
+    precision = recipe.facts["precision"]
+    assert precision["dtype"] == dtype and precision["asked"] == "auto" and reason in precision["reason"]
+    assert trainer.args.bf16 is (dtype == "bf16")  # autocast (accelerate's torch.autocast("cpu", bfloat16))
+    assert base_dtypes(trainer) == ({frozen}, {"torch.float32"})  # the frozen base follows; the adapter stays fp32
+    assert recipe.facts["peak"]["dtype"] == dtype and recipe.facts["peak"]["flops_per_second"] > 0
     assert not any("precision" in w for w in recipe.channel.warnings)
 
 

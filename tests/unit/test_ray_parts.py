@@ -17,12 +17,12 @@ import pytest
 from fastapi.testclient import TestClient
 
 from finetune_studio.api.app import create_app
+from finetune_studio.child.channel import Channel, StopSignal
 from finetune_studio.config import RAY_CONCURRENT_JOBS, Settings, get_settings
 from finetune_studio.ray_train.driver import Relay
 from finetune_studio.ray_train.sink import EventSink
 from finetune_studio.supervisor.launcher import RAY_DRIVER_MODULE, LocalProcessLauncher
 from finetune_studio.supervisor.ray_launcher import ray_launcher
-from finetune_studio.training.channel import Channel, StopSignal
 from tests.helpers.children import STAND_IN_WORKER
 from tests.helpers.imports import HEAVY, WEB, loaded_by
 from tests.helpers.paths import REPO

@@ -188,8 +188,8 @@ def test_the_driver_copies_stored_checkpoints_and_the_result_before_it_passes_th
     folder; the end of the job reaches the server only once the result is here."""
     import io
 
+    from finetune_studio.child.channel import Channel, StopSignal
     from finetune_studio.ray_train.driver import Mirror, Relay
-    from finetune_studio.training.channel import Channel, StopSignal
 
     scratch, folder = tmp_path / "node" / "j1", tmp_path / "data" / "jobs" / "j1"
     write(scratch, {"checkpoints/checkpoint-2/trainer_state.json": b"{}", "adapter/adapter_model.safetensors": b"w"})

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from finetune_studio.training.channel import JobFailure
+from finetune_studio.child.channel import JobFailure
 from tests.data.corpus import BAD_FILES, GOOD
 from tests.helpers.recipes import ModelLoaderEntered, run_recipe
 

@@ -136,9 +136,7 @@ def test_a_reader_far_behind_the_feed_reads_the_database_then_joins_the_feed(
 
     async def scenario() -> None:
         service = make_service(tmp_path)
-        job_id = to_training(service)
-        for n in range(1, 101):
-            step(service, job_id, n)
+        job_id = to_training(service, steps=100)
         assert service._feeds[job_id].first_id > 50  # the feed holds only the newest
         for after in (0, 3, 50, 104, 105):
             chunks: list[bytes] = []
@@ -162,9 +160,7 @@ def test_replay_of_a_finished_job_reads_pages_and_ends(tmp_path: Path, monkeypat
 
     async def scenario() -> None:
         service = make_service(tmp_path)
-        job_id = to_training(service)
-        for n in range(1, 41):
-            step(service, job_id, n)
+        job_id = to_training(service, steps=40)
         service.transition(job_id, "completed", "done")
         for after, expected in ((0, list(range(1, 47))), (45, [46]), (46, []), (10**6, [])):
             chunks: list[bytes] = []

@@ -30,7 +30,7 @@ from typing import Any, Optional, cast
 from finetune_studio.bounds import MAX_SQL_INTEGER, cursor_number, excerpt
 from finetune_studio.errors import FileNotFound, InvalidChatRequest
 from finetune_studio.files.store import FileStore, StoredFile
-from finetune_studio.jobs.phases import RUNNING
+from finetune_studio.jobs.phases import RUNNING, openai_end
 from finetune_studio.jobs.store import JobRecord, JobStore, StoredEvent
 from finetune_studio.openai_wire import (
     CheckpointMetrics,
@@ -166,12 +166,9 @@ def openai_status(phase: str, details: Optional[dict[str, Any]]) -> FineTuningSt
         return "queued"
     if phase in RUNNING:
         return "running"
-    if phase == "completed":
-        return "succeeded"
-    if phase == "error":
-        return "failed"
-    if phase == "stopped":
-        return "paused" if (details or {}).get("paused") else "cancelled"
+    end = openai_end(phase, details)
+    if end is not None:
+        return cast(FineTuningStatus, end)
     raise ValueError(f"{phase!r} is not a training job's phase")
 
 

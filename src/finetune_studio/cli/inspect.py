@@ -1,6 +1,6 @@
 """`finetune-studio inspect FILE...`: what a job would make of some data, in the terminal.
 
-The same report as `POST /datasets/inspect` (the same code: `training/inspect_child.py`,
+The same report as `POST /datasets/inspect` (the same code: `inspection/child.py`,
 run in this process; no server is needed): the shape, the rows, the first rows as
 the model sees them with the part the loss covers marked, token statistics (with
 --model), and every problem with its file and line. Exit status 0 when a job would
@@ -30,8 +30,8 @@ def run_inspect(args: Any, out: TextIO, err: TextIO) -> int:
     """The command: build the request from the arguments, inspect, print."""
     from pydantic import ValidationError
 
+    from finetune_studio.inspection.child import run_inspection
     from finetune_studio.schemas import DatasetInspectRequest
-    from finetune_studio.training.inspect_child import run_inspection
 
     try:
         mapping = parse_mapping(args.mapping or [])

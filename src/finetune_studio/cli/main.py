@@ -91,7 +91,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _make_tiny_model(args: argparse.Namespace) -> int:
-    from finetune_studio.training.tiny_model import build_tiny_model
+    from finetune_studio.child.tiny_model import build_tiny_model
 
     path = build_tiny_model(Path(args.directory).expanduser().resolve())
     print(f"wrote a tiny random Llama to {path}")

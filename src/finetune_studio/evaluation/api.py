@@ -22,8 +22,8 @@ from typing import Any, Optional
 
 import httpx
 
+from finetune_studio.child.channel import JobFailure
 from finetune_studio.schemas import ErrorCode
-from finetune_studio.training.channel import JobFailure
 
 # A greedy answer of a few hundred tokens on a CPU takes minutes; a judge's too.
 REQUEST_TIMEOUT = httpx.Timeout(connect=10.0, read=1800.0, write=60.0, pool=1800.0)

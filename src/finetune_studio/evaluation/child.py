@@ -38,6 +38,7 @@ from typing import Any, Optional, Union
 
 from finetune_studio import failures
 from finetune_studio.atomic import write_atomically, write_file
+from finetune_studio.child.channel import Channel, JobFailure, StopRequested, StopSignal, open_child_wire
 from finetune_studio.child.chat_template import NO_TEMPLATE_WARNING, ensure_chat_template
 from finetune_studio.evaluation.api import EVALUATION_FAILED, OpenAIEndpoint
 from finetune_studio.evaluation.common import Context, ModelInfo, Progress, SuiteResult
@@ -45,7 +46,6 @@ from finetune_studio.evaluation.harness import LmEval
 from finetune_studio.evaluation.heldout import Heldout
 from finetune_studio.evaluation.judge import Judge
 from finetune_studio.schemas import EvalPhase, suite_names
-from finetune_studio.training.channel import Channel, JobFailure, StopRequested, StopSignal, open_child_wire
 from finetune_studio.wire import EVAL_RESULTS_FILE, EVAL_SAMPLES_FILE, WorkerSpec
 
 
@@ -131,8 +131,8 @@ class Evaluation:
         raise JobFailure("config_invalid", f"suites[{index}]: unknown suite type {kind!r}")
 
     def load_tokenizers(self) -> None:
-        from finetune_studio.training.datasets.errors import first_line
-        from finetune_studio.training.models import ModelSource, from_local_cache, pretrained_args
+        from finetune_studio.child.datasets.errors import first_line
+        from finetune_studio.child.models import ModelSource, from_local_cache, pretrained_args
 
         loaded: dict[tuple[str, str], Any] = {}
         for model in self.models:

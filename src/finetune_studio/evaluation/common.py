@@ -11,9 +11,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional, TypeVar
 
+from finetune_studio.child.channel import Channel, StopRequested, StopSignal
 from finetune_studio.evaluation.api import OpenAIEndpoint
 from finetune_studio.evaluation.stats import Estimate
-from finetune_studio.training.channel import Channel, StopRequested, StopSignal
 
 # Requests in flight at once per suite: the chat child decodes concurrent answers in one batch.
 CONCURRENT_REQUESTS = 4

@@ -28,10 +28,10 @@ from pathlib import Path
 from queue import Empty, Queue
 from typing import Any, Optional
 
+from finetune_studio.child.channel import JobFailure, StopRequested
 from finetune_studio.evaluation.api import EVALUATION_FAILED
 from finetune_studio.evaluation.common import Context, ModelInfo, SuiteResult, clip
 from finetune_studio.evaluation.stats import Estimate, paired_bootstrap
-from finetune_studio.training.channel import JobFailure, StopRequested
 
 RUNNER_MODULE = "finetune_studio.evaluation.harness_runner"
 NEEDS_COMPLETIONS = (

@@ -29,10 +29,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from finetune_studio.child.channel import JobFailure
 from finetune_studio.evaluation.api import PromptLogprobs
 from finetune_studio.evaluation.common import Context, SuiteResult, clip, run_concurrently
 from finetune_studio.evaluation.stats import corpus_bootstrap, paired_bootstrap
-from finetune_studio.training.channel import JobFailure
 
 NO_COMPLETIONS = (
     "loss, perplexity and token_accuracy need POST /v1/completions (with echo and logprobs), which this server does"
@@ -61,7 +61,7 @@ class Scores:
 
 def read_rows(suite: dict[str, Any]) -> list[Row]:
     """The suite's rows, read and checked by training's loader (its errors name the file and line)."""
-    from finetune_studio.training.datasets.load import load_local
+    from finetune_studio.child.datasets.load import load_local
 
     data = load_local([str(Path(name).expanduser()) for name in suite["data"]], suite.get("format_type") or "auto",
                       suite.get("custom_format_mapping"))
@@ -134,7 +134,7 @@ class Heldout:
             return text, [(0, len(text))]
         if tokenizer is None:
             raise JobFailure("model_not_found", "no tokenizer was loaded for a model, so its chat template is unknown")
-        from finetune_studio.training.completions import assistant_spans
+        from finetune_studio.child.completions import assistant_spans
 
         return assistant_spans(tokenizer, row.messages)
 

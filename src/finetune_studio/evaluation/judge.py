@@ -26,10 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Optional
 
+from finetune_studio.child.channel import JobFailure
 from finetune_studio.evaluation.api import OpenAIEndpoint
 from finetune_studio.evaluation.common import Context, SuiteResult, clip, run_concurrently
 from finetune_studio.evaluation.stats import Estimate, paired_bootstrap
-from finetune_studio.training.channel import JobFailure
 
 Winner = Literal["A", "B", "tie"]
 Outcome = Literal["win", "tie", "loss"]
@@ -56,8 +56,8 @@ class Verdict:
 
 
 def read_prompts(suite: dict[str, Any]) -> list[Prompt]:
-    from finetune_studio.training.datasets.errors import DatasetError
-    from finetune_studio.training.datasets.files import read_records
+    from finetune_studio.child.datasets.errors import DatasetError
+    from finetune_studio.child.datasets.files import read_records
 
     path = Path(str(suite["prompts"])).expanduser()
     prompts: list[Prompt] = []

@@ -39,12 +39,12 @@ from typing import Any, Literal, Optional
 
 from finetune_studio import failures
 from finetune_studio.atomic import save_atomically, write_file
+from finetune_studio.child.channel import Channel, JobFailure, StopRequested, StopSignal, open_child_wire
 from finetune_studio.export import files
 from finetune_studio.export.merge import JobRecord, MergeError, load_merged, save_merged
 from finetune_studio.export.process import ToolFailed
 from finetune_studio.export.tools import LlamaCppTools, ToolsMissing, find_tools
 from finetune_studio.schemas import ErrorCode, ExportPhase, ExportProgress, ExportStartRequest
-from finetune_studio.training.channel import Channel, JobFailure, StopRequested, StopSignal, open_child_wire
 from finetune_studio.wire import WorkerSpec
 
 MERGED_FOLDER = "merged"

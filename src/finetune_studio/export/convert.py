@@ -17,9 +17,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from finetune_studio.atomic import write_atomically
+from finetune_studio.child.channel import StopSignal
 from finetune_studio.export.process import run_tool
 from finetune_studio.export.tools import LlamaCppTools
-from finetune_studio.training.channel import StopSignal
 
 _PLANNED = re.compile(r"^INFO:[\w.-]+:(\S+),\s+\S+\s+-->\s+\S+, shape")
 _COUNTED = re.compile(r"n_tensors = (\d+)")

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from finetune_studio.atomic import save_atomically
-from finetune_studio.training.models import ModelSource, load_tokenizer_and_model
+from finetune_studio.child.models import ModelSource, load_tokenizer_and_model
 from finetune_studio.wire import JobFolder
 
 DTYPES = ("bfloat16", "float16", "float32")

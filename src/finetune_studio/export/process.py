@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Optional
 
-from finetune_studio.training.channel import StopRequested, StopSignal
+from finetune_studio.child.channel import StopRequested, StopSignal
 
 # Seconds a tool has to end after SIGTERM before it is killed.
 _TERMINATE_GRACE = 10.0

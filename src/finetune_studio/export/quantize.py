@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 from finetune_studio.atomic import write_atomically
+from finetune_studio.child.channel import StopSignal
 from finetune_studio.export.process import run_tool
-from finetune_studio.training.channel import StopSignal
 
 # llama.cpp's `llama_ftype` for each name of schemas.GgufQuantization (llama.h).
 FTYPES = {"f16": 1, "q8_0": 7, "q4_k_m": 15, "q5_k_m": 17, "q6_k": 18, "bf16": 32}

@@ -58,8 +58,14 @@ class ChatModel(Protocol):
     draining: bool  # unload when the last user is done
     context_length: int  # the prompt and the answer together, in tokens
     eos_ids: frozenset[int]  # tokens that end an answer
+    vocab_size: int  # token ids are below it
 
     def prompt_ids(self, messages: list[dict[str, str]]) -> list[int]: ...
+
+    def encode(self, text: str) -> list[int]:
+        """A completion's prompt text as tokens: special tokens written in it parsed, and a BOS put
+        first where the model's tokenizer adds one and the text does not begin with it."""
+        ...
 
     def decode(self, ids: list[int]) -> str: ...
 

@@ -43,7 +43,7 @@ import sys
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Optional, cast
+from typing import Any, Optional, Union, cast
 
 import torch
 
@@ -79,6 +79,7 @@ class Params:
     logprobs: bool = False
     top_logprobs: int = 0
     prompt_logprobs: bool = False
+    eos_logprobs: bool = False
 
     @classmethod
     def parse(cls, raw: Any) -> Params:
@@ -94,8 +95,10 @@ class Params:
             raise RequestFailed("invalid_request", f"top_p must be a number above 0 and at most 1, not {top_p!r}", "top_p")
         params.top_p = float(top_p)
         max_tokens = raw.get("max_tokens")
-        if max_tokens is not None and (not _is_int(max_tokens) or max_tokens < 1):
-            raise RequestFailed("invalid_request", f"max_tokens must be at least 1, not {max_tokens!r}", "max_tokens")
+        # 0: the prompt's own logprobs, and no answer (/v1/completions' echo).
+        fewest = 0 if raw.get("prompt_logprobs") is True else 1
+        if max_tokens is not None and (not _is_int(max_tokens) or max_tokens < fewest):
+            raise RequestFailed("invalid_request", f"max_tokens must be at least {fewest}, not {max_tokens!r}", "max_tokens")
         params.max_tokens = max_tokens
         stop = raw.get("stop") or []
         stop = [stop] if isinstance(stop, str) else stop
@@ -106,7 +109,7 @@ class Params:
         if seed is not None and not _is_int(seed):
             raise RequestFailed("invalid_request", f"seed must be an integer, not {seed!r}", "seed")
         params.seed = seed
-        for name in ("logprobs", "prompt_logprobs"):
+        for name in ("logprobs", "prompt_logprobs", "eos_logprobs"):
             value = raw.get(name) or False
             if not isinstance(value, bool):
                 raise RequestFailed("invalid_request", f"{name} must be true or false, not {value!r}", name)
@@ -129,6 +132,15 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _parse_prompt(raw: Any) -> Union[str, list[int]]:
+    """A completion's prompt: a text, or token ids (checked against the vocabulary at the start)."""
+    if isinstance(raw, str):
+        return raw
+    if isinstance(raw, list) and raw and all(_is_int(token) and token >= 0 for token in raw):
+        return [int(token) for token in raw]
+    raise RequestFailed("invalid_request", "prompt must be a text or a non-empty list of token ids (integers, 0 or more)", "prompt")
+
+
 def _parse_messages(raw: Any) -> list[dict[str, str]]:
     if not isinstance(raw, list) or not raw:
         raise RequestFailed("invalid_request", "messages must be a non-empty list", "messages")
@@ -145,8 +157,9 @@ class Request:
     id: str
     base: BaseKey
     adapter_folder: Optional[str]
-    messages: list[dict[str, str]]
+    messages: Optional[list[dict[str, str]]]  # a chat; None: a completion of `prompt`
     params: Params
+    prompt: Union[str, list[int], None] = None
     run: Optional[Running] = None  # from its start on; None while it waits
     entry: Optional[ChatModel] = None  # held from its start until it ends
     adapter: Optional[str] = None  # the adapter's name in `entry`; None: the base
@@ -236,8 +249,12 @@ class Engine:
             adapter = ref.get("adapter")
             if adapter is not None and not isinstance(adapter, str):
                 raise RequestFailed("invalid_request", "model.adapter must be a folder or null", "model")
-            request = Request(request_id, BaseKey.of(ref), adapter, _parse_messages(command.get("messages")),
-                              Params.parse(command.get("params")))
+            if "prompt" in command:
+                request = Request(request_id, BaseKey.of(ref), adapter, None, Params.parse(command.get("params")),
+                                  _parse_prompt(command.get("prompt")))
+            else:
+                request = Request(request_id, BaseKey.of(ref), adapter, _parse_messages(command.get("messages")),
+                                  Params.parse(command.get("params")))
         except RequestFailed as exc:
             self._failed(request_id, exc)
             return
@@ -311,9 +328,9 @@ class Engine:
             for row, (request, run) in enumerate(zip(requests, runs, strict=True))
         ]
         described: list[Optional[TokenLogprob]] = [None] * len(requests)
-        # The end-of-turn token is not part of the answer's text, nor of its logprobs.
+        # The end-of-turn token is not part of the answer's text, nor of a chat's logprobs (a completion's, it is).
         asking = [row for row, (request, run) in enumerate(zip(requests, runs, strict=True))
-                  if request.params.logprobs and tokens[row] not in run.entry.eos_ids]
+                  if request.params.logprobs and (request.params.eos_logprobs or tokens[row] not in run.entry.eos_ids)]
         if asking:
             rows = logits if len(asking) == len(requests) else logits.index_select(
                 0, torch.tensor(asking, dtype=torch.long, device=logits.device))
@@ -343,12 +360,10 @@ class Engine:
         entry = request.entry = self.pool.acquire(request.base)
         if request.adapter_folder is not None:
             request.adapter = entry.use_adapter(request.adapter_folder)
-        try:
-            prompt = entry.prompt_ids(request.messages)
-        except Exception as exc:  # noqa: BLE001 - the template is the model's code; what it refuses is the messages
-            raise RequestFailed("invalid_request", f"the model's chat template refused these messages: {exc}", "messages") from None
+        prompt = _prompt_ids(request, entry)
         params = request.params
-        max_tokens = self._max_tokens(len(prompt), params.max_tokens, entry.context_length)
+        max_tokens = self._max_tokens(len(prompt), params.max_tokens, entry.context_length,
+                                      "messages" if request.messages is not None else "prompt")
         started: dict[str, Any] = {"type": "started", "id": request.id, "prompt_tokens": len(prompt)}
         if not params.prompt_logprobs:
             self._emit(started)  # at once; with prompt logprobs, once the prefill has them
@@ -366,6 +381,9 @@ class Engine:
             started["prompt_logprobs"] = logprobs.prompt_entries(logits, prompt, params.top_logprobs, entry.token_bytes)
             self._emit(started)
             logits = logits[-1]
+        if max_tokens == 0:  # the prompt's logprobs were all it asked for
+            self._finish(request, run, "length")
+            return len(prompt)
         lane = entry.batch_lane(run.adapter)
         if lane is None:
             run.cache, run.seen = cache, len(prompt)
@@ -380,18 +398,19 @@ class Engine:
         return len(prompt)
 
     @staticmethod
-    def _max_tokens(prompt: int, wanted: Optional[int], context: int) -> int:
-        if prompt >= context:
+    def _max_tokens(prompt: int, wanted: Optional[int], context: int, what: str = "messages") -> int:
+        """The answer's tokens at most; `what` names the prompt (a chat's `messages`, a completion's `prompt`)."""
+        if prompt > context or (prompt == context and wanted != 0):
             raise RequestFailed(
                 "context_length_exceeded",
-                f"The messages are {prompt} tokens long, and this model's context is {context} tokens, which must"
-                " also hold the answer; shorten the messages.",
-                "messages",
+                f"The {what} {'are' if what == 'messages' else 'is'} {prompt} tokens long, and this model's context is"
+                f" {context} tokens, which must also hold the answer; shorten the {what}.",
+                what,
             )
         if wanted is not None and prompt + wanted > context:
             raise RequestFailed(
                 "context_length_exceeded",
-                f"The messages ({prompt} tokens) and max_tokens ({wanted}) come to {prompt + wanted} tokens, over this"
+                f"The {what} ({prompt} tokens) and max_tokens ({wanted}) come to {prompt + wanted} tokens, over this"
                 f" model's context of {context} tokens; ask for at most {context - prompt} tokens.",
                 "max_tokens",
             )
@@ -403,6 +422,8 @@ class Engine:
         """Take the chosen token and say what it changes."""
         run.completion.append(token)
         if token in run.entry.eos_ids:
+            if entry is not None:  # a completion lists the token that ended it
+                self._emit({"type": "delta", "id": request.id, "text": "", "logprobs": [entry]})
             self._finish(request, run, "stop")
             return
         delta = run.stream.push(token)
@@ -449,6 +470,26 @@ class Engine:
             if request.adapter is not None:
                 entry.release_adapter(request.adapter)
             self.pool.release(entry)
+
+
+def _prompt_ids(request: Request, entry: ChatModel) -> list[int]:
+    """The prompt's tokens: the chat template's over the messages, the text's, or the ids as given."""
+    if request.messages is not None:
+        try:
+            return entry.prompt_ids(request.messages)
+        except Exception as exc:  # noqa: BLE001 - the template is the model's code; what it refuses is the messages
+            raise RequestFailed("invalid_request", f"the model's chat template refused these messages: {exc}", "messages") from None
+    if isinstance(request.prompt, str):
+        ids = entry.encode(request.prompt)
+        if not ids:
+            raise RequestFailed("invalid_request", "the prompt has no tokens: send some text (or token ids)", "prompt")
+        return ids
+    ids = list(request.prompt or [])
+    outside = [token for token in ids if token >= entry.vocab_size]
+    if outside:
+        raise RequestFailed("invalid_request", f"the prompt's token ids must be below this model's vocabulary size of"
+                            f" {entry.vocab_size}; {outside[0]} is not", "prompt")
+    return ids
 
 
 def _running(request: Request) -> Running:

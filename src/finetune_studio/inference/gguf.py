@@ -142,7 +142,7 @@ class GgufModel:
         self.users = 0
         self.last_used = 0.0
         self.draining = False
-        self.n_vocab = int(llama.llama_vocab_n_tokens(self.vocab))
+        self.n_vocab = self.vocab_size = int(llama.llama_vocab_n_tokens(self.vocab))
         self.context_length = max(1, min(int(llama.llama_model_n_ctx_train(model)) or MAX_CONTEXT, MAX_CONTEXT))
         self.eos_ids = frozenset(t for t in range(self.n_vocab) if llama.llama_vocab_is_eog(self.vocab, t))
         self.chat_template = self._chat_template()
@@ -162,7 +162,12 @@ class GgufModel:
         )
         # transformers returns (texts, generation indices); older versions the texts alone.
         texts = rendered[0] if isinstance(rendered, tuple) else rendered
-        ids = self.tokenize(str(texts[0]))
+        return self.encode(str(texts[0]))
+
+    def encode(self, text: str) -> list[int]:
+        """`text`'s tokens, special tokens parsed, with a BOS first when the file asks for one and
+        the text has none (as llama.cpp's own server does)."""
+        ids = self.tokenize(text)
         bos = int(self.llama.llama_vocab_bos(self.vocab))
         if self.llama.llama_vocab_get_add_bos(self.vocab) and bos >= 0 and ids[:1] != [bos]:
             ids.insert(0, bos)

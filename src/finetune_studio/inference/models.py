@@ -30,13 +30,13 @@ from typing import Any, Optional
 
 import torch
 
+from finetune_studio.child.channel import JobFailure
 from finetune_studio.child.chat_template import NO_TEMPLATE_WARNING, ensure_chat_template
+from finetune_studio.child.models import ModelSource, load_tokenizer_and_model
+from finetune_studio.child.precision import decide_precision, torch_dtype
 from finetune_studio.hardware import Precision
 from finetune_studio.inference.chat_model import BaseKey
 from finetune_studio.inference.failures import RequestFailed
-from finetune_studio.training.channel import JobFailure
-from finetune_studio.training.models import ModelSource, load_tokenizer_and_model
-from finetune_studio.training.precision import decide_precision, torch_dtype
 
 MAX_ADAPTERS_PER_BASE = 8
 # A SentencePiece byte token; and GPT-2's table of the characters byte-level BPE writes bytes as.
@@ -90,6 +90,7 @@ class LoadedModel:
         self._names = 0
         self.context_length = self._context_length()
         self.eos_ids = self._eos_ids()
+        self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
         self._batchable = self._can_batch()
         self._byte_level = "ByteLevel" in str(getattr(getattr(tokenizer, "backend_tokenizer", None), "decoder", ""))
         self._bytes: dict[int, bytes] = {}
@@ -100,6 +101,14 @@ class LoadedModel:
         """The prompt's token ids: the chat template with the generation prompt."""
         encoded = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)
         return [int(token) for token in encoded["input_ids"]]
+
+    def encode(self, text: str) -> list[int]:
+        """`text`'s tokens as training tokenizes a rendered template (no special tokens added),
+        with the tokenizer's BOS first when it adds one by itself and the text has none."""
+        ids = [int(token) for token in self.tokenizer(text, add_special_tokens=False)["input_ids"]]
+        bos = self.tokenizer.bos_token_id
+        adds_bos = isinstance(bos, int) and self.tokenizer("", add_special_tokens=True)["input_ids"][:1] == [bos]
+        return [bos, *ids] if adds_bos and ids[:1] != [bos] else ids
 
     def decode(self, ids: list[int]) -> str:
         return str(self.tokenizer.decode(ids, skip_special_tokens=True))

@@ -44,7 +44,7 @@ updates a row whose current phase is one its kind's table allows.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal, get_args
+from typing import Any, Literal, Optional, get_args
 
 from finetune_studio.schemas import EvalPhase, ExportPhase, Phase
 
@@ -57,6 +57,17 @@ TERMINAL: frozenset[str] = frozenset({"completed", "error", "stopped"})
 # restarted run's early phases by it; OpenAI's face calls them all `running`).
 RUNNING_ORDER: tuple[Phase, ...] = ("loading_model", "loading_dataset", "configuring", "training")
 RUNNING: frozenset[str] = frozenset(RUNNING_ORDER)
+# How OpenAI's fine-tuning names a training job's end (its job object's `status`, and its
+# webhooks' `fine_tuning.job.<end>`): a paused job (`stopped` with details.paused) is no end there.
+OPENAI_ENDS: dict[str, str] = {"completed": "succeeded", "error": "failed", "stopped": "cancelled"}
+
+
+def openai_end(phase: str, details: Optional[dict[str, Any]]) -> Optional[str]:
+    """`succeeded`, `failed` or `cancelled` for a training job's terminal phase; `paused` for a
+    pause; None for any other phase."""
+    if phase == "stopped" and (details or {}).get("paused"):
+        return "paused"
+    return OPENAI_ENDS.get(phase)
 
 ALLOWED_FROM: dict[str, frozenset[str]] = {
     # target phase: the phases it may be entered from

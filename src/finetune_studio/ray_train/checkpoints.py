@@ -17,8 +17,8 @@ from typing import Any
 
 from transformers import TrainerCallback
 
+from finetune_studio.child.channel import JobFailure
 from finetune_studio.ray_train.storage import StorageError, Store, put_checkpoint_part
-from finetune_studio.training.channel import JobFailure
 from finetune_studio.wire import checkpoint_name
 
 

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Optional
 
+from finetune_studio.child.channel import Channel, StopSignal, open_child_wire
 from finetune_studio.jobs.phases import REPEATABLE, RUNNING_ORDER, TERMINAL
 from finetune_studio.ray_train.storage import (
     StorageError,
@@ -42,7 +43,6 @@ from finetune_studio.ray_train.storage import (
     upload_inputs,
 )
 from finetune_studio.schemas import Phase, TrainingStartRequest
-from finetune_studio.training.channel import Channel, StopSignal, open_child_wire
 from finetune_studio.uris import is_uri, join, redacted
 from finetune_studio.wire import CHILD_ENV, JobFolder, WorkerSpec, checkpoint_step
 

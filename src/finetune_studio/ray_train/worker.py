@@ -32,6 +32,7 @@ from typing import IO, Any, Optional, cast
 import ray
 import ray.train
 
+from finetune_studio.child.channel import Channel, JobFailure, StopRequested, StopSignal
 from finetune_studio.jobs.phases import TERMINAL
 from finetune_studio.ray_train.storage import (
     PathMap,
@@ -42,7 +43,6 @@ from finetune_studio.ray_train.storage import (
     localize,
     put_outputs,
 )
-from finetune_studio.training.channel import Channel, JobFailure, StopRequested, StopSignal
 from finetune_studio.training.child import classify
 from finetune_studio.wire import WorkerSpec, checkpoint_name, last_checkpoint
 

@@ -1,6 +1,6 @@
 """The server's side of dataset inspections: one short-lived child per inspection.
 
-`Inspector.inspect(body)` starts `python -m finetune_studio.training.inspect_child`,
+`Inspector.inspect(body)` starts `python -m finetune_studio.inspection.child`,
 writes the request to its stdin as one JSON line, and reads its one answer line
 (the wire is drawn in that module's docstring). It never waits behind a training
 job: inspections have slots of their own (`max_concurrent_inspections`; one more is
@@ -29,7 +29,7 @@ from finetune_studio.failures import storage_fault
 from finetune_studio.supervisor.inference import describe_exit
 from finetune_studio.supervisor.launcher import log_tail, spawn_child
 
-INSPECT_MODULE = "finetune_studio.training.inspect_child"
+INSPECT_MODULE = "finetune_studio.inspection.child"
 LOG_NAME = "inspect.log"
 _START_MARK = "--- finetune-studio: dataset inspection"
 RETRY_AFTER_SECONDS = 2

@@ -11,7 +11,7 @@ from typing import Any, Optional
 
 from transformers import TrainerCallback
 
-from finetune_studio.training.channel import Channel, StopSignal
+from finetune_studio.child.channel import Channel, StopSignal
 from finetune_studio.training.throughput import Utilization
 
 # The tokens-per-second rate is taken over this many of the latest steps: recent

@@ -14,14 +14,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
 from finetune_studio import failures
-from finetune_studio.schemas import ErrorCode
-from finetune_studio.training.channel import (
+from finetune_studio.child.channel import (
     JobFailure,
     MakeChannel,
     StopRequested,
     open_child_wire,
     plain_channel,
 )
+from finetune_studio.schemas import ErrorCode
 from finetune_studio.wire import JobFolder
 
 if TYPE_CHECKING:

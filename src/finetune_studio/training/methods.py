@@ -33,8 +33,8 @@ from typing import TYPE_CHECKING, Any, Optional
 from finetune_studio.schemas import DEFAULT_BETA
 
 if TYPE_CHECKING:  # the recipe imports this module only once the model is loaded
+    from finetune_studio.child.datasets import LoadedData
     from finetune_studio.schemas import TrainingStartRequest
-    from finetune_studio.training.datasets import LoadedData
 
 Warn = Callable[[str], None]
 

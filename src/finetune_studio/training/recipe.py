@@ -19,14 +19,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
 from finetune_studio.atomic import save_atomically, write_file
+from finetune_studio.child.channel import Channel, JobFailure, StopSignal
 from finetune_studio.child.chat_template import NO_TEMPLATE_WARNING, ensure_chat_template, needs_template
+from finetune_studio.child.datasets import DatasetError, LoadedData, load_eval_data, load_training_data, measure
+from finetune_studio.child.models import ModelSource, load_tokenizer_and_model, resolve_source
+from finetune_studio.child.precision import decide_precision
 from finetune_studio.cuda_features import bitsandbytes_works, usable_optim
 from finetune_studio.hardware import PrecisionChoice
 from finetune_studio.schemas import Phase, TrainingStartRequest, method_of
-from finetune_studio.training.channel import Channel, JobFailure, StopSignal
-from finetune_studio.training.datasets import DatasetError, LoadedData, load_eval_data, load_training_data, measure
-from finetune_studio.training.models import ModelSource, load_tokenizer_and_model, resolve_source
-from finetune_studio.training.precision import decide_precision
 from finetune_studio.wire import JobFolder, WorkerSpec, last_checkpoint
 
 if TYPE_CHECKING:  # transformers is imported only once the job has announced loading_model
@@ -315,7 +315,7 @@ class Recipe:
             if not data.is_conversational:
                 self.channel.warn("train_on_completions needs conversations (not raw text); the loss covers every token")
                 return data.rows
-            from finetune_studio.training.completions import tokenize_with_assistant_mask
+            from finetune_studio.child.completions import tokenize_with_assistant_mask
 
             return [tokenize_with_assistant_mask(tokenizer, row["messages"]) for row in data.rows]
         return data.rows

@@ -28,17 +28,15 @@ reward of the same kind is named `<name>_2`, and so on.
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Sequence
 from typing import Any, Optional, Union
 
+from finetune_studio.child.numbers import parse_number
 from finetune_studio.schemas import ExactMatchReward, LengthReward, NumericMatchReward, RegexReward
 
 Completion = Union[str, list[dict[str, Any]]]
 Reward = Union[ExactMatchReward, NumericMatchReward, RegexReward, LengthReward]
-
-_NUMBER = re.compile(r"[-+]?(?:\d[\d,]*(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?")
 
 
 def completion_text(completion: Completion) -> str:
@@ -47,17 +45,6 @@ def completion_text(completion: Completion) -> str:
         return completion
     return "".join(str(message.get("content") or "") for message in completion)
 
-
-def parse_number(text: str) -> Optional[float]:
-    """The last number in `text` ("The answer is 1,250." -> 1250.0); None when there is none."""
-    found = _NUMBER.findall(text)
-    if not found:
-        return None
-    try:
-        value = float(found[-1].replace(",", ""))
-    except ValueError:
-        return None
-    return value if math.isfinite(value) else None
 
 
 def _extracted(pattern: Optional[re.Pattern[str]], text: str) -> Optional[str]:

@@ -1,17 +1,26 @@
 // Where the page is, kept in the location's hash: #job=<id>[&compare=<id>] names
 // the run shown and the one overlaid on its charts; #chat=<id>[&compare=1] the
-// run chatted with (compare: beside its base model). Links and the back button
-// work because every change of view goes through the hash.
+// run chatted with (compare: beside its base model); #eval=<id> an evaluation
+// (evaluation.js). Links and the back button work because every change of view goes
+// through the hash.
 
 /**
  * The run shown and the one compared with it, from the hash (null when absent);
- * or `chat`, the run chatted with, and `compareBase`, whether its base answers too.
+ * or `chat`, the run chatted with, and `compareBase`, whether its base answers too; or
+ * `evaluation`, the evaluation shown.
  */
 export function currentRoute() {
   const params = new URLSearchParams(location.hash.slice(1));
   const chat = params.get("chat");
-  if (chat) return { job: null, compare: null, chat, compareBase: params.get("compare") === "1" };
-  return { job: params.get("job"), compare: params.get("compare"), chat: null, compareBase: false };
+  const evaluation = params.get("eval");
+  if (evaluation) return { job: null, compare: null, chat: null, compareBase: false, evaluation };
+  if (chat) return { job: null, compare: null, chat, compareBase: params.get("compare") === "1", evaluation: null };
+  return { job: params.get("job"), compare: params.get("compare"), chat: null, compareBase: false, evaluation: null };
+}
+
+/** The hash of an evaluation's view, with its "#". */
+export function evalHash(evalId) {
+  return `#${new URLSearchParams({ eval: evalId })}`;
 }
 
 /** The hash of the chat with a run, with its "#"; `compareBase` puts its base model beside it. */

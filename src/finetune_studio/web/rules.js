@@ -5,3 +5,7 @@
 // each with the status details one of which must name the saved result (none: the phase is
 // enough): jobs/phases.py, RESULT_PHASES and has_result.
 export const RESULT_PHASES = {"completed": [], "stopped": ["adapter_dir", "model_dir"]};
+
+// The model id that names a training job's base model alone: this prefix and the job's id
+// (an evaluation's `models`, GET /v1/models): schemas.BASE_MODEL_PREFIX.
+export const BASE_MODEL_PREFIX = "base:";

@@ -29,9 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from finetune_studio.text import invalid_text_locations
-from finetune_studio.training.channel import JobFailure
-from finetune_studio.training.datasets.errors import (
+from finetune_studio.child.channel import JobFailure
+from finetune_studio.child.datasets.errors import (
     DATASET_INVALID,
     NESTED_TOO_DEEPLY,
     BadRecord,
@@ -41,10 +40,10 @@ from finetune_studio.training.datasets.errors import (
     config_error,
     percent,
 )
-from finetune_studio.training.datasets.files import TEXT_SUFFIX, Record, read_records
-from finetune_studio.training.datasets.hub import HubSplit, open_hf_dataset
-from finetune_studio.training.datasets.methods import COLUMNS, METHOD_SHAPES, finish, method_converter, reward_columns
-from finetune_studio.training.datasets.shapes import (
+from finetune_studio.child.datasets.files import TEXT_SUFFIX, Record, read_records
+from finetune_studio.child.datasets.hub import HubSplit, open_hf_dataset
+from finetune_studio.child.datasets.methods import COLUMNS, METHOD_SHAPES, finish, method_converter, reward_columns
+from finetune_studio.child.datasets.shapes import (
     CUSTOM,
     Converter,
     EmptyConversation,
@@ -54,6 +53,7 @@ from finetune_studio.training.datasets.shapes import (
     mapping_converter,
     undetectable,
 )
+from finetune_studio.text import invalid_text_locations
 
 if TYPE_CHECKING:
     from finetune_studio.schemas import TrainingStartRequest

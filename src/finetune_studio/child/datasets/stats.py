@@ -12,7 +12,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from finetune_studio.training.datasets.load import LoadedData
+from finetune_studio.child.datasets.load import LoadedData
 
 BATCH_ROWS = 512
 

@@ -31,8 +31,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from finetune_studio.conversations import dpo_row
-from finetune_studio.training.datasets.errors import (
+from finetune_studio.child.datasets.errors import (
     DatasetError,
     RowProblem,
     config_error,
@@ -40,7 +39,7 @@ from finetune_studio.training.datasets.errors import (
     names,
     quote,
 )
-from finetune_studio.training.datasets.shapes import (
+from finetune_studio.child.datasets.shapes import (
     CHATML_ROLES,
     EMPTY_FIELD,
     MISSING_FIELD,
@@ -55,7 +54,8 @@ from finetune_studio.training.datasets.shapes import (
     _maybe_json,
     check_order,
 )
-from finetune_studio.training.rewards import parse_number
+from finetune_studio.child.numbers import parse_number
+from finetune_studio.conversations import dpo_row
 
 Messages = list[dict[str, str]]
 

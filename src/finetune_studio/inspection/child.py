@@ -1,4 +1,4 @@
-"""A dataset inspection's process: `python -m finetune_studio.training.inspect_child`.
+"""A dataset inspection's process: `python -m finetune_studio.inspection.child`.
 
 One inspection per process, then it exits (the server's side is
 `supervisor/inspector.py`; `finetune-studio inspect` calls `run_inspection` in its
@@ -22,11 +22,11 @@ import sys
 import traceback
 from typing import Any
 
+from finetune_studio.child.channel import JobFailure, keep_stdout_for_messages
+from finetune_studio.child.datasets.errors import first_line
+from finetune_studio.child.models import from_local_cache, pretrained_args, resolve_source
+from finetune_studio.inspection.inspect import inspect_dataset
 from finetune_studio.schemas import DatasetInspection, DatasetInspectRequest
-from finetune_studio.training.channel import JobFailure, keep_stdout_for_messages
-from finetune_studio.training.datasets.errors import first_line
-from finetune_studio.training.datasets.inspect import inspect_dataset
-from finetune_studio.training.models import from_local_cache, pretrained_args, resolve_source
 
 
 def load_tokenizer(name: str, *, trust_remote_code: bool = False, token: str | None = None) -> Any:

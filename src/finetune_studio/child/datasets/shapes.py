@@ -53,8 +53,7 @@ from collections.abc import Callable
 from typing import Any
 
 from finetune_studio.bounds import excerpt
-from finetune_studio.conversations import CHAT_ROLES, OrderKind, is_text_part, order_problem
-from finetune_studio.training.datasets.errors import (
+from finetune_studio.child.datasets.errors import (
     NAMES_SHOWN,
     QUOTE_CHARS,
     RowProblem,
@@ -63,6 +62,7 @@ from finetune_studio.training.datasets.errors import (
     names,
     quote,
 )
+from finetune_studio.conversations import CHAT_ROLES, OrderKind, is_text_part, order_problem
 
 Row = dict[str, Any]
 

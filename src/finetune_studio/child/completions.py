@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from finetune_studio.training.channel import JobFailure
+from finetune_studio.child.channel import JobFailure
 
 
 def render(tokenizer: Any, messages: list[dict[str, Any]], add_generation_prompt: bool = False) -> str:

@@ -1,6 +1,6 @@
 """The errors a dataset can end a job with, and the codes they carry.
 
-    JobFailure (training/channel.py)
+    JobFailure (child/channel.py)
       DatasetError        "dataset_invalid": a source was read but something in it is
                           wrong; names the source, the line or row, and the problem
       JobFailure          "dataset_not_found": hf_dataset names nothing that can be
@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from finetune_studio.bounds import excerpt
-from finetune_studio.training.channel import JobFailure
+from finetune_studio.child.channel import JobFailure
 
 DATASET_INVALID: Final = "dataset_invalid"
 DATASET_NOT_FOUND: Final = "dataset_not_found"

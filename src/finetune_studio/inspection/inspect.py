@@ -5,7 +5,7 @@
 reports the shape, the rows, the first rows as the model will see them with the
 part that carries the loss marked, token statistics, and every problem, located
 as the job's error locates it. The tokenizer (with its chat template) is the
-model's when the request names one (`training/inspect_child.py` loads it; no
+model's when the request names one (`inspection/child.py` loads it; no
 weights); without one the preview shows each turn's text and there are no token
 statistics. This module imports neither torch nor transformers.
 
@@ -27,7 +27,14 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any, Optional
 
+from finetune_studio.child.channel import JobFailure
 from finetune_studio.child.chat_template import NO_TEMPLATE_WARNING, ensure_chat_template, needs_template
+from finetune_studio.child.completions import assistant_spans, render
+from finetune_studio.child.datasets.errors import DatasetError
+from finetune_studio.child.datasets.files import SUFFIXES, read_records
+from finetune_studio.child.datasets.load import LoadedData, load_training_data
+from finetune_studio.child.datasets.shapes import detect_shape, mapping_converter
+from finetune_studio.child.datasets.stats import token_lengths
 from finetune_studio.paths import is_local
 from finetune_studio.schemas import (
     DatasetInspection,
@@ -38,13 +45,6 @@ from finetune_studio.schemas import (
     TokenStatistics,
     TrainingStartRequest,
 )
-from finetune_studio.training.channel import JobFailure
-from finetune_studio.training.completions import assistant_spans, render
-from finetune_studio.training.datasets.errors import DatasetError
-from finetune_studio.training.datasets.files import SUFFIXES, read_records
-from finetune_studio.training.datasets.load import LoadedData, load_training_data
-from finetune_studio.training.datasets.shapes import detect_shape, mapping_converter
-from finetune_studio.training.datasets.stats import token_lengths
 
 # What the preview shows of one row: enough to read a template and an answer, not a book.
 PREVIEW_CHARS = 4_000

@@ -35,8 +35,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from finetune_studio.conversations import DATASET_SUFFIXES
-from finetune_studio.training.datasets.errors import (
+from finetune_studio.child.datasets.errors import (
     NESTED_TOO_DEEPLY,
     BadRecord,
     DatasetError,
@@ -45,7 +44,8 @@ from finetune_studio.training.datasets.errors import (
     names,
     quote,
 )
-from finetune_studio.training.datasets.jsonstream import DepthExceeded, TextWindow, cut_off, document_items, looks_cut
+from finetune_studio.child.datasets.jsonstream import DepthExceeded, TextWindow, cut_off, document_items, looks_cut
+from finetune_studio.conversations import DATASET_SUFFIXES
 
 Record = tuple[str, Any]
 

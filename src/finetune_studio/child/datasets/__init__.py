@@ -16,17 +16,17 @@ transformers; `datasets`, `huggingface_hub` and `pyarrow` are imported only when
 source needs them.
 """
 
-from finetune_studio.training.datasets.errors import (
+from finetune_studio.child.datasets.errors import (
     CONFIG_INVALID,
     DATASET_INVALID,
     DATASET_NOT_FOUND,
     HUB_UNREACHABLE,
     DatasetError,
 )
-from finetune_studio.training.datasets.files import SUFFIXES
-from finetune_studio.training.datasets.load import LoadedData, load_eval_data, load_local, load_training_data
-from finetune_studio.training.datasets.shapes import SHAPES, detect_shape
-from finetune_studio.training.datasets.stats import measure
+from finetune_studio.child.datasets.files import SUFFIXES
+from finetune_studio.child.datasets.load import LoadedData, load_eval_data, load_local, load_training_data
+from finetune_studio.child.datasets.shapes import SHAPES, detect_shape
+from finetune_studio.child.datasets.stats import measure
 
 __all__ = [
     "CONFIG_INVALID",

@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any, Optional, TypeVar
 from urllib.parse import urlsplit
 
+from finetune_studio.child.channel import JobFailure
+from finetune_studio.child.datasets.errors import HUB_UNREACHABLE
 from finetune_studio.paths import is_local, local_path
-from finetune_studio.training.channel import JobFailure
-from finetune_studio.training.datasets.errors import HUB_UNREACHABLE
 
 _Loaded = TypeVar("_Loaded")
 

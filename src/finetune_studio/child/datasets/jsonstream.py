@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from finetune_studio.training.datasets.errors import DatasetError, names
+from finetune_studio.child.datasets.errors import DatasetError, names
 
 CHUNK_BYTES = 1 << 20
 _SPACE = " \t\r\n"

@@ -25,16 +25,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from finetune_studio.paths import is_local, local_path
-from finetune_studio.training.channel import JobFailure
-from finetune_studio.training.datasets.errors import (
+from finetune_studio.child.channel import JobFailure
+from finetune_studio.child.datasets.errors import (
     DATASET_NOT_FOUND,
     HUB_UNREACHABLE,
     DatasetError,
     config_error,
     first_line,
 )
-from finetune_studio.training.datasets.files import Record
+from finetune_studio.child.datasets.files import Record
+from finetune_studio.paths import is_local, local_path
 
 HUB_TIMEOUT_SECONDS = 8.0
 _BATCH_ROWS = 1024
