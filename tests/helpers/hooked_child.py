@@ -8,7 +8,9 @@ It runs `finetune_studio.training.child.main` unchanged, with a Channel that can
 - fail at the first training step (or at `fault_at_step`), as if memory or the disk
   had run out (`fault`: `out_of_memory` or `disk_full`), so that the classifier's real
   path is taken; with `fault_mid_checkpoint`, the disk fills while that step's
-  checkpoint is being written, which leaves it half-written.
+  checkpoint is being written, which leaves it half-written; or
+- make every torch.compile fail (`compile_fault`): its backend raises when dynamo hands
+  it the first graph, at the first compiled step, as a compiler bug would.
 
 `HookedLauncher` starts this module instead of the production child and writes the
 hooks for each job to `<output_dir>/test_hooks.json` before the child starts; a
@@ -48,6 +50,7 @@ class Hooks:
     # With fault disk_full: the disk fills while the trainer writes this step's checkpoint,
     # so checkpoints/checkpoint-<step>/ is left half-written (no trainer_state.json).
     fault_mid_checkpoint: bool = False
+    compile_fault: bool = False  # torch.compile's backend raises (at the first compiled step)
 
 
 class HookedChannel(Channel):
@@ -97,7 +100,26 @@ def hooked_channel(events: IO[str], stop: StopSignal, spec: WorkerSpec) -> Chann
     path = spec.output_dir / HOOKS_FILE
     if not path.is_file():
         return Channel(events, stop)
-    return HookedChannel(events, stop, Hooks(**json.loads(path.read_text())), spec.output_dir)
+    hooks = Hooks(**json.loads(path.read_text()))
+    if hooks.compile_fault:
+        break_torch_compile()
+    return HookedChannel(events, stop, hooks, spec.output_dir)
+
+
+def break_torch_compile() -> None:
+    """Every torch.compile in this process gets a backend that raises on its first graph."""
+    import torch
+
+    real_compile = torch.compile
+
+    def failing_backend(graph: Any, example_inputs: Any) -> Any:
+        raise RuntimeError("the compiler failed on this graph (injected by a test hook)")
+
+    def compile_with_failing_backend(model: Any, **options: Any) -> Any:
+        options.pop("backend", None)
+        return real_compile(model, backend=failing_backend, **options)
+
+    torch.compile = compile_with_failing_backend  # type: ignore[assignment]
 
 
 class HookedLauncher:

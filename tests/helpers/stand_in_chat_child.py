@@ -11,6 +11,10 @@ messages:
 
 - `__model__`: answers with the request's ModelRef as JSON (what the server resolved);
 - `__params__`: answers with the request's sampling params as JSON;
+- `__by_adapter__ A | B`: echoes A for a model with an adapter (a job's), B for one without (a
+  base), so an evaluation of a job against its base sees two models answer apart;
+- a completion (`prompt`, /v1/completions): no answer; with `prompt_logprobs` asked, each
+  prompt word a token (logprob -0.5, the first null);
 - with `logprobs` asked: each word (a token here) has logprob -0.5, and its
   `top_logprobs` alternatives are `alt1`, `alt2`... at -1.0, -1.5 ...;
 - `forever`: "tick " every 10 ms until max_tokens or a cancel;
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import json
 import queue
+import re
 import sys
 import threading
 import time
@@ -70,7 +75,37 @@ def read_commands(commands: queue.Queue[Optional[dict[str, Any]]]) -> None:
     commands.put(None)  # EOF: the server is gone
 
 
+def prompt_words(prompt: Any) -> list[str]:
+    """A /v1/completions prompt as this child's tokens: a text's words with the spaces after
+    them, or token ids as they are (each id's text its digits and a space)."""
+    if isinstance(prompt, list):
+        return [f"{token} " for token in prompt]
+    return re.findall(r"\S+\s*|\s+", str(prompt))
+
+
+def start_completion(command: dict[str, Any]) -> Request:
+    """A completion (/v1/completions): the prompt's tokens, with their logprobs when asked (each
+    -0.5 but the first's, null; the alternatives as for an answer); no answer is made."""
+    params = command["params"]
+    words = prompt_words(command["prompt"])
+    top = int(params.get("top_logprobs") or 0)
+    started: dict[str, Any] = {"type": "started", "id": command["id"], "prompt_tokens": len(words)}
+    if params.get("prompt_logprobs"):
+        entries = []
+        for index, word in enumerate(words):
+            entry = {**logprob(word, 1), "top_logprobs": [logprob(f"alt{rank}", rank + 1) for rank in range(1, top + 1)]}
+            if index == 0:
+                entry["logprob"], entry["top_logprobs"] = None, []
+            entries.append(entry)
+        started["prompt_logprobs"] = entries
+    send(started)
+    return Request(command["id"], [], len(words), params["max_tokens"], [],
+                   top_logprobs=top if params.get("logprobs") else None)
+
+
 def start(command: dict[str, Any]) -> Optional[Request]:
+    if "prompt" in command:
+        return start_completion(command)
     messages = command["messages"]
     last = next((m["content"] for m in reversed(messages) if m["role"] == "user"), "")
     params = command["params"]
@@ -89,6 +124,9 @@ def start(command: dict[str, Any]) -> Optional[Request]:
     elif last == "__params__":
         words = [json.dumps(params, sort_keys=True)]
     else:
+        if last.startswith("__by_adapter__ ") and " | " in last:
+            tuned, base = last[len("__by_adapter__ "):].split(" | ", 1)
+            last = tuned if (command.get("model") or {}).get("adapter") else base
         split = last.split(" ")
         words = [word + " " for word in split[:-1]] + [split[-1]]
     send({"type": "started", "id": command["id"], "prompt_tokens": prompt_tokens})

@@ -31,6 +31,13 @@ from tests.helpers.polling import wait_for
 from tests.helpers.servers import LiveServer
 
 TERMINAL = ("completed", "error", "stopped")
+# The commands the machine sends: each one's route and what it asks of the job.
+COMMANDS = {
+    "stop": ("/train/stop/{}", "stop"),
+    "cancel": ("/v1/fine_tuning/jobs/{}/cancel", "stop"),
+    "pause": ("/v1/fine_tuning/jobs/{}/pause", "pause"),
+    "resume": ("/v1/fine_tuning/jobs/{}/resume", "resume"),
+}
 
 
 def post(server: LiveServer, path: str) -> httpx.Response:
@@ -180,21 +187,10 @@ class Commands(RuleBasedStateMachine):
                 expected.resumes += 1
                 expected.seen_terminal = False
 
-    @rule(job=jobs)
-    def stop(self, job: str) -> None:
-        self._command(f"/train/stop/{job}", job, "stop")
-
-    @rule(job=jobs)
-    def cancel(self, job: str) -> None:
-        self._command(f"/v1/fine_tuning/jobs/{job}/cancel", job, "stop")
-
-    @rule(job=jobs)
-    def pause(self, job: str) -> None:
-        self._command(f"/v1/fine_tuning/jobs/{job}/pause", job, "pause")
-
-    @rule(job=jobs)
-    def resume(self, job: str) -> None:
-        self._command(f"/v1/fine_tuning/jobs/{job}/resume", job, "resume")
+    @rule(job=jobs, command=st.sampled_from(sorted(COMMANDS)))
+    def command(self, job: str, command: str) -> None:
+        path, what = COMMANDS[command]
+        self._command(path.format(job), job, what)
 
     @rule(seconds=st.sampled_from([0.05, 0.2, 0.6]))
     def wait(self, seconds: float) -> None:

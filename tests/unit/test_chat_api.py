@@ -14,12 +14,7 @@ import openai
 import psutil
 import pytest
 
-from tests.helpers.chat import (
-    BASE,
-    ChatServer,
-    chat_module_fixtures,
-    kill_the_child_once_it_holds,
-)
+from tests.helpers.chat import BASE, ChatServer, chat_module_fixtures, kill_the_child_once_it_holds
 from tests.helpers.paths import REPO
 from tests.helpers.polling import wait_for
 

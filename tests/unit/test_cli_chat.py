@@ -20,13 +20,7 @@ from finetune_studio.cli.chat import Conversation, Terminal, converse, run_chat
 from finetune_studio.cli.client import StudioClient
 from finetune_studio.cli.local_server import free_port
 from finetune_studio.cli.main import main
-from tests.helpers.chat import (
-    BASE,
-    TOKEN,
-    ChatServer,
-    chat_module_fixtures,
-    kill_the_child_once_it_holds,
-)
+from tests.helpers.chat import BASE, TOKEN, ChatServer, chat_module_fixtures, kill_the_child_once_it_holds
 from tests.helpers.polling import wait_for
 
 # One server for the module (its child starts once, and again where a test kills it); each test

@@ -1,0 +1,102 @@
+"""`compile` in real training jobs on the tiny model (issue 26, item 3).
+
+- `compile: auto` on a short run times its first steps eagerly, does not compile, and
+  says why with its figures (a `training` status and `details.compile`).
+- A compile that raises (the hooked child's torch.compile backend fails at the first
+  compiled step) falls back to eager with a warning, and the job completes.
+- `compile: true` really compiles and trains; its graphs are cached under the data dir,
+  and a second run of the same shape reuses them (it compiles no new graph).
+
+`auto`'s rule on a long run, with the documented figures, is tested in
+tests/unit/test_compilation.py.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from finetune_studio.config import Settings
+from finetune_studio.training.compilation import COMPILE_PROBE_STEPS, RECORDS_FILE
+from finetune_studio.wire import DataDir
+from tests.helpers.hooked_child import HookedLauncher, Hooks
+from tests.helpers.jobs import collect, job_request, phases
+from tests.helpers.servers import LiveServer, ServerProcess
+
+pytestmark = pytest.mark.train
+
+COMMON = {"optim": "adamw_torch", "load_in_4bit": False}
+
+
+def run(server: Any, body: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The job's statuses and its progress events."""
+    with server.client() as client:
+        events = collect(client, client.start(body))
+    assert phases(events)[-1] == "completed", events[-1].data
+    return [e.data for e in events if e.kind == "status"], [e.data for e in events if e.kind == "progress"]
+
+
+def test_auto_does_not_compile_a_short_run_and_says_why(shared_server: ServerProcess, tiny_model: Path) -> None:
+    statuses, steps = run(shared_server, job_request(tiny_model, max_steps=8, **COMMON))
+    assert len(steps) == 8
+    said = [s for s in statuses if s["phase"] == "training" and "compiled" in s["message"]]
+    assert len(said) == 1, [s["message"] for s in statuses]
+    message = said[0]["message"]
+    # Decided after the warm-up step and the timed ones: 8 - COMPILE_PROBE_STEPS steps were left.
+    assert message.startswith(f"Training: not compiled: the {8 - COMPILE_PROBE_STEPS} steps left at "), message
+    assert "against a compile of about" in message and "documented figures" in message
+    final = statuses[-1]["details"]["compile"]
+    assert final["compiled"] is False and final["asked"] == "auto" and final["reason"] == message.removeprefix("Training: ")
+    figures = final["figures"]
+    assert figures["steps_left"] == 8 - COMPILE_PROBE_STEPS and figures["eager_step_seconds"] > 0
+    assert figures["saved_seconds"] < figures["compile_seconds"] and figures["break_even_steps"] > 8
+    began = next(s for s in statuses if s["phase"] == "training")  # "Training for 8 steps": not decided yet
+    assert began["details"]["compile"] == {
+        "compiled": False, "asked": "auto", "reason": f"decided after the first {COMPILE_PROBE_STEPS} steps, trained eagerly"}
+
+
+def test_a_compile_that_raises_falls_back_to_eager_with_a_warning(tmp_path: Path, tiny_model: Path) -> None:
+    with LiveServer(Settings(data_dir=tmp_path / "data"), HookedLauncher(Hooks(compile_fault=True))) as server:
+        statuses, steps = run(server, job_request(tiny_model, max_steps=4, compile=True, **COMMON))
+    assert [p["step"] for p in steps] == [1, 2, 3, 4] and all(math.isfinite(p["loss"]) for p in steps)
+    final = statuses[-1]["details"]
+    assert final["compile"]["compiled"] is False and final["compile"]["asked"] is True
+    assert "injected by a test hook" in final["compile"]["fallback"]
+    assert final["compile"]["reason"].startswith("not compiled: torch.compile failed (")
+    warning = next(w for w in final["warnings"] if w.startswith("compile: torch.compile failed ("))
+    assert warning.endswith("; the job trains eagerly") and "injected by a test hook" in warning
+    assert any(s["message"] == f"Training eagerly: {warning}" for s in statuses if s["phase"] == "training")
+
+
+def fx_graphs(cache: Path) -> set[str]:
+    """The compiled graphs inductor keeps in its FX graph cache."""
+    return {str(path.relative_to(cache)) for path in (cache / "fxgraph").rglob("*") if path.is_file()}
+
+
+@pytest.mark.slow
+def test_compile_true_compiles_trains_and_a_second_run_reuses_the_cache(tmp_path: Path, tiny_model: Path) -> None:
+    data = DataDir(tmp_path / "data")
+    server = ServerProcess(data.root)
+    server.start()
+    try:
+        body = job_request(tiny_model, max_steps=6, compile=True, **COMMON)
+        first, first_steps = run(server, body)
+        cached = fx_graphs(data.compile_cache)
+        second, second_steps = run(server, body)
+    finally:
+        server.stop()
+
+    for statuses, steps in ((first, first_steps), (second, second_steps)):
+        assert len(steps) == 6 and all(math.isfinite(p["loss"]) for p in steps)
+        done = statuses[-1]["details"]
+        assert done["compile"]["compiled"] is True and done["compile"]["reason"] == "compile true was asked for"
+        assert "fallback" not in done["compile"] and not any("compile" in w for w in done.get("warnings", []))
+        measured = done["compile"]["measured"]
+        assert measured["compile_seconds"] >= 0 and measured["compiled_step_seconds"] > 0
+    # The first run compiled into the data dir's cache; the second found every graph there.
+    assert cached, sorted(p.name for p in data.compile_cache.iterdir())
+    assert fx_graphs(data.compile_cache) == cached
+    assert (data.compile_cache / RECORDS_FILE).is_file()
