@@ -458,3 +458,18 @@ def test_a_studio_error_keeps_the_status_code() -> None:
 def test_parse_sse_handles_ids_events_comments_and_multiline_data() -> None:
     text = ": ping\n\nid: 1\nevent: status\ndata: {\"a\":\ndata: 1}\n\nid: 2\nevent: progress\ndata: {}\n\n"
     assert list(parse_sse(iter(text.split("\n")))) == [("1", "status", '{"a":\n1}'), ("2", "progress", "{}")]
+
+
+def test_an_evaluations_live_bar_counts_samples_over_suites_and_models() -> None:
+    from finetune_studio.cli.eval_job import EvalLiveView
+
+    out = io.StringIO()
+    console = Console(file=out, width=120, force_terminal=True, color_system=None)
+    view = EvalLiveView(console, clock=lambda: 0.0)
+    for done, suite, model in ((3, "heldout", "base:j1"), (12, "heldout", "j1"), (40, "judge", "j1")):
+        view.show(StreamEvent(done, "progress", {"step": done, "total_steps": 40, "progress_percent": done / 0.4,
+                                                 "suite": suite, "model": model, "eta_seconds": 40 - done}))
+    view.close()
+    frames = [frame for frame in out.getvalue().replace("\r", "\n").split("\n") if "evaluating " in frame]
+    assert "12/40  30% heldout · j1  eta 00:28" in frames[1]
+    assert frames[-1].endswith("40/40 100% judge · j1  eta 00:00")

@@ -151,6 +151,17 @@ class StudioClient:
     def jobs(self) -> list[dict[str, Any]]:
         return self._request("GET", "/train/jobs")["data"]  # type: ignore[no-any-return]
 
+    def add_webhook(self, url: str, events: list[str], secret: Optional[str] = None) -> dict[str, Any]:
+        """POST /webhooks: the registration, with its secret (answered this once)."""
+        body: dict[str, Any] = {"url": url, "events": events, **({"secret": secret} if secret else {})}
+        return self._request("POST", "/webhooks", json=body)  # type: ignore[no-any-return]
+
+    def webhooks(self) -> list[dict[str, Any]]:
+        return self._request("GET", "/webhooks")["data"]  # type: ignore[no-any-return]
+
+    def remove_webhook(self, webhook_id: str) -> dict[str, Any]:
+        return self._request("DELETE", f"/webhooks/{quote(webhook_id, safe='')}")  # type: ignore[no-any-return]
+
     def stream(
         self, job_id: str, last_event_id: int = 0, retries: int = 30, prefix: str = "/train"
     ) -> Iterator[StreamEvent]:

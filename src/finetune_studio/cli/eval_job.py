@@ -19,13 +19,12 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any, Optional, Union
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, ProgressColumn, TaskID, TaskProgressColumn, TextColumn
+from rich.progress import ProgressColumn
 from rich.table import Table
 
 from finetune_studio.cli.client import StudioClient, StudioError
@@ -38,7 +37,7 @@ from finetune_studio.cli.follow import (
     follow_until_done,
 )
 from finetune_studio.cli.local_server import LocalServer
-from finetune_studio.cli.progress import AnyView, BarView, Clock, JsonLinesView, LinesView, format_seconds, make_view
+from finetune_studio.cli.progress import AnyView, BarView, JsonLinesView, LinesView, format_seconds, make_view
 from finetune_studio.cli.train import _exit_on_signal, _release, _start_server, may_start_server
 
 BASE_PREFIX = "base:"  # schemas.BASE_MODEL_PREFIX, written out so that parsing the flags imports no pydantic
@@ -119,27 +118,13 @@ class EvalLinesView(LinesView):
 class EvalLiveView(BarView):
     """A terminal: phase lines scroll above one bar of samples done (over every suite and model)."""
 
-    def __init__(self, console: Console, *, clock: Clock = time.monotonic) -> None:
-        super().__init__(console, clock=clock)
-        self._task: Optional[TaskID] = None
-
     def columns(self) -> tuple[Union[str, ProgressColumn], ...]:
-        return (
-            TextColumn("{task.description}"),
-            BarColumn(bar_width=None),
-            MofNCompleteColumn(),
-            TaskProgressColumn(),
-            TextColumn("{task.fields[where]}  eta {task.fields[eta]}"),
-        )
+        return self.bar("{task.fields[where]}  eta {task.fields[eta]}")
 
     def update(self, progress: dict[str, Any]) -> None:
         where = " · ".join(str(part) for part in (progress.get("suite"), progress.get("model")) if part)
-        if self._task is None:
-            self._task = self.progress.add_task("evaluating", total=progress["total_steps"], where="", eta="")
-        self.progress.update(
-            self._task, completed=progress["step"], total=progress["total_steps"], where=where,
-            eta=format_seconds(progress.get("eta_seconds")),
-        )
+        self.move("samples", "evaluating", progress["step"], progress["total_steps"], where=where,
+                  eta=format_seconds(progress.get("eta_seconds")))
 
 
 def follow_eval(client: StudioClient, job_id: str, view: AnyView, notify: Callable[[str], None]) -> Optional[dict[str, Any]]:

@@ -21,13 +21,11 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from typing import IO, Any, Optional, Union
 
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, ProgressColumn, TaskID, TextColumn
+from rich.progress import ProgressColumn
 
 from finetune_studio.cli.client import StudioClient, StudioError
 from finetune_studio.cli.follow import (
@@ -39,7 +37,7 @@ from finetune_studio.cli.follow import (
     follow_until_done,
 )
 from finetune_studio.cli.local_server import LocalServer
-from finetune_studio.cli.progress import AnyView, BarView, Clock, JsonLinesView, LinesView, format_seconds, make_view
+from finetune_studio.cli.progress import AnyView, BarView, JsonLinesView, LinesView, format_seconds, make_view
 from finetune_studio.cli.train import _exit_on_signal, _release, _start_server, may_start_server
 
 
@@ -76,28 +74,13 @@ class ExportLinesView(LinesView):
 class ExportLiveView(BarView):
     """A terminal: stage lines scroll above one bar per stage and file (tensors done of total)."""
 
-    def __init__(self, console: Console, *, clock: Clock = time.monotonic) -> None:
-        super().__init__(console, clock=clock)
-        self._tasks: dict[tuple[str, str], TaskID] = {}
-
     def columns(self) -> tuple[Union[str, ProgressColumn], ...]:
-        return (
-            TextColumn("{task.description}"),
-            BarColumn(bar_width=None),
-            MofNCompleteColumn(),
-            TextColumn("{task.fields[percent]} of the export, eta {task.fields[eta]}"),
-        )
+        return self.bar("{task.fields[percent]} of the export, eta {task.fields[eta]}", percent=False)
 
     def update(self, progress: dict[str, Any]) -> None:
         key = (str(progress["stage"]), str(progress.get("file") or ""))
-        if key not in self._tasks:
-            self._tasks[key] = self.progress.add_task(
-                " ".join(part for part in key if part), total=progress["total"], percent="", eta=""
-            )
-        self.progress.update(
-            self._tasks[key], completed=progress["done"], total=progress["total"],
-            percent=f"{float(progress['progress_percent']):.1f}%", eta=format_seconds(progress.get("eta_seconds")),
-        )
+        self.move(key, " ".join(part for part in key if part), progress["done"], progress["total"],
+                  percent=f"{float(progress['progress_percent']):.1f}%", eta=format_seconds(progress.get("eta_seconds")))
 
 
 def follow_export(client: StudioClient, job_id: str, view: AnyView, notify: Callable[[str], None]) -> Optional[dict[str, Any]]:

@@ -183,6 +183,35 @@ def _stop(client: StudioClient, args: argparse.Namespace) -> int:
     return run_stop(client, args.job_id, sys.stdout, args.output_json)
 
 
+def _webhooks(client: StudioClient, args: argparse.Namespace) -> int:
+    from finetune_studio.cli import webhooks
+
+    if args.action == "add":
+        events = [name.strip() for text in args.events for name in text.split(",") if name.strip()]
+        return webhooks.run_add(client, args.url, events, args.secret, sys.stdout, args.output_json)
+    if args.action == "remove":
+        return webhooks.run_remove(client, args.webhook_id, sys.stdout, args.output_json)
+    return webhooks.run_list(client, sys.stdout, args.output_json)
+
+
+def _add_webhooks_parser(commands: Any) -> None:
+    hooks = commands.add_parser("webhooks", help="add, list or remove the server's webhooks")
+    actions = hooks.add_subparsers(dest="action", required=True)
+    add = actions.add_parser("add", help="register a webhook; its secret is printed once")
+    add.add_argument("url", help="where each delivery is POSTed")
+    add.add_argument(
+        "--events", nargs="+", required=True,
+        help="event types, separated by spaces or commas (fine_tuning.job.succeeded, studio.job.phase, ...; docs/API.md, Webhooks)",
+    )
+    add.add_argument("--secret", help="the signing secret (whsec_ + base64); the server makes one when left out")
+    listing = actions.add_parser("list", help="list the webhooks")
+    remove = actions.add_parser("remove", help="remove a webhook and its deliveries")
+    remove.add_argument("webhook_id")
+    for parser in (add, listing, remove):
+        _client_options(parser, "print the server's JSON answer")
+        parser.set_defaults(func=_client_command(_webhooks))
+
+
 def _setting(text: str) -> tuple[str, Any]:
     """--set key=value: the value parsed as JSON, else kept as a string."""
     import json
@@ -596,6 +625,7 @@ def build_parser() -> argparse.ArgumentParser:
     stop.set_defaults(func=_client_command(_stop))
 
     _add_chat_parser(commands)
+    _add_webhooks_parser(commands)
     _add_inspect_parser(commands)
     _add_eval_parser(commands)
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from typing import IO, TYPE_CHECKING, Any, Optional, Protocol, Union
 
 from rich.console import Console
@@ -184,6 +184,7 @@ class BarView:
     def __init__(self, console: Console, *, clock: Clock = time.monotonic) -> None:
         self.console = console
         self._status = StatusLines()
+        self._bars: dict[Hashable, TaskID] = {}
         # Redrawn on each event rather than by a refresh thread: the numbers only
         # change when the server sends an event, and the output stays deterministic.
         self.progress = Progress(
@@ -202,8 +203,25 @@ class BarView:
         raise NotImplementedError
 
     def update(self, progress: dict[str, Any]) -> None:
-        """Move the bar(s) to what this progress event says."""
+        """Move the bar(s) to what this progress event says (through `move`)."""
         raise NotImplementedError
+
+    @staticmethod
+    def bar(*fields: Union[str, ProgressColumn], percent: bool = True) -> tuple[Union[str, ProgressColumn], ...]:
+        """The columns every bar starts with (what it is, the bar, done of total, the percent),
+        then `fields` (a text naming `{task.fields[...]}`, or a column)."""
+        head: tuple[ProgressColumn, ...] = (TextColumn("{task.description}"), BarColumn(bar_width=None), MofNCompleteColumn())
+        return (*head, *((TaskProgressColumn(),) if percent else ()),
+                *(TextColumn(field) if isinstance(field, str) else field for field in fields))
+
+    def move(self, key: Hashable, description: str, completed: float, total: float, **fields: str) -> None:
+        """Move the bar `key` to `completed` of `total`, with `fields` for its text; the first
+        event of a key adds its bar, named `description`."""
+        blank: dict[str, Any] = dict.fromkeys(fields, "")
+        if key not in self._bars:
+            self._bars[key] = self.progress.add_task(description, total=total, **blank)
+        given: dict[str, Any] = fields
+        self.progress.update(self._bars[key], completed=completed, total=total, **given)
 
     def show(self, event: StreamEvent) -> None:
         if event.kind == "status":
@@ -244,32 +262,15 @@ class BarView:
 class LiveView(BarView):
     """A terminal: phase lines scroll above a rich progress bar that each step redraws."""
 
-    def __init__(self, console: Console, *, clock: Clock = time.monotonic) -> None:
-        super().__init__(console, clock=clock)
-        self._task: Optional[TaskID] = None
-
     def columns(self) -> tuple[Union[str, ProgressColumn], ...]:
-        return (
-            TextColumn("{task.description}"),
-            BarColumn(bar_width=None),
-            MofNCompleteColumn(),
-            TaskProgressColumn(),
-            TextColumn(
-                "loss {task.fields[loss]}{task.fields[method]}  lr {task.fields[lr]}"
-                "  {task.fields[elapsed]} elapsed, eta {task.fields[eta]}"
-            ),
-        )
+        return self.bar("loss {task.fields[loss]}{task.fields[method]}  lr {task.fields[lr]}"
+                        "  {task.fields[elapsed]} elapsed, eta {task.fields[eta]}")
 
     def update(self, progress: dict[str, Any]) -> None:
-        loss, lr = loss_text(progress), _number(progress.get("learning_rate"), ".2e")
         method = method_text(progress)
-        elapsed, eta = format_seconds(progress.get("elapsed_seconds")), format_seconds(progress.get("eta_seconds"))
-        if self._task is None:
-            self._task = self.progress.add_task("training", total=progress["total_steps"])
-        self.progress.update(
-            self._task, completed=progress["step"], total=progress["total_steps"], loss=loss,
-            method=f"  {method}" if method else "", lr=lr, elapsed=elapsed, eta=eta,
-        )
+        self.move("training", "training", progress["step"], progress["total_steps"], loss=loss_text(progress),
+                  method=f"  {method}" if method else "", lr=_number(progress.get("learning_rate"), ".2e"),
+                  elapsed=format_seconds(progress.get("elapsed_seconds")), eta=format_seconds(progress.get("eta_seconds")))
 
 
 class JsonLinesView:
