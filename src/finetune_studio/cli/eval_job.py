@@ -17,7 +17,6 @@ Ctrl-C leaves it running.
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -35,10 +34,10 @@ from finetune_studio.cli.follow import (
     EXIT_REFUSED,
     Notes,
     follow_until_done,
+    how_it_ended,
 )
-from finetune_studio.cli.local_server import LocalServer
 from finetune_studio.cli.progress import AnyView, BarView, JsonLinesView, LinesView, format_seconds, make_view
-from finetune_studio.cli.train import _exit_on_signal, _release, _start_server, may_start_server
+from finetune_studio.cli.train import Reached
 
 BASE_PREFIX = "base:"  # schemas.BASE_MODEL_PREFIX, written out so that parsing the flags imports no pydantic
 
@@ -173,21 +172,13 @@ def run_eval_job(args: argparse.Namespace, stdout: IO[str] = sys.stdout, stderr:
     except StudioError as exc:
         notes.error(str(exc))
         return EXIT_REFUSED
-    server: Optional[LocalServer] = None
-    previous_handlers: dict[int, Any] = {}
+    reached = Reached()
     results: Optional[dict[str, Any]] = None
     status: Optional[dict[str, Any]] = None
     with StudioClient(args.server, token=args.token) as client:
         try:
-            if not client.answers():
-                if args.no_start_server or not may_start_server(args.server):
-                    notes.error(
-                        f"nothing answers at {args.server}; start a server there (`finetune-studio serve`) or name"
-                        " another with --server"
-                    )
-                    return EXIT_REFUSED
-                previous_handlers = {sig: signal.signal(sig, _exit_on_signal) for sig in (signal.SIGTERM, signal.SIGHUP)}
-                server = _start_server(args, client, notes)
+            if not reached.reach(args, client, notes):
+                return EXIT_REFUSED
             eval_id = client.start_eval(request)
             notes.say(f"queued evaluation {eval_id} of {', '.join(request['models'])}")
             view = make_view(stdout, output_json=args.output_json, live=EvalLiveView, lines=EvalLinesView)
@@ -195,9 +186,7 @@ def run_eval_job(args: argparse.Namespace, stdout: IO[str] = sys.stdout, stderr:
             if status is None:
                 code = EXIT_LEFT_RUNNING
             elif status["phase"] != "completed":
-                error_code = (status.get("details") or {}).get("error_code")
-                why = f": {status['error']}" if status.get("error") else f": {status['message']}"
-                notes.error(f"evaluation {eval_id} ended {status['phase']}{f' ({error_code})' if error_code else ''}{why}")
+                notes.error(how_it_ended("evaluation", eval_id, status))
                 code = EXIT_FAILED
             else:
                 results = client.eval_results(eval_id)
@@ -206,7 +195,7 @@ def run_eval_job(args: argparse.Namespace, stdout: IO[str] = sys.stdout, stderr:
             notes.error(str(exc))
             code = EXIT_REFUSED if exc.status_code is not None else EXIT_FAILED
         finally:
-            _release(server, keep=False, previous_handlers=previous_handlers)
+            reached.release()
     if args.output_json:
         writer = JsonLinesView(stdout)
         if results is not None:

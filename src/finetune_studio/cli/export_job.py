@@ -19,7 +19,6 @@ removed by the server); a second Ctrl-C leaves it running.
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
@@ -35,10 +34,10 @@ from finetune_studio.cli.follow import (
     EXIT_REFUSED,
     Notes,
     follow_until_done,
+    how_it_ended,
 )
-from finetune_studio.cli.local_server import LocalServer
 from finetune_studio.cli.progress import AnyView, BarView, JsonLinesView, LinesView, format_seconds, make_view
-from finetune_studio.cli.train import _exit_on_signal, _release, _start_server, may_start_server
+from finetune_studio.cli.train import Reached
 
 
 def export_requests(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -121,25 +120,17 @@ def run_export_job(args: argparse.Namespace, stdout: IO[str] = sys.stdout, stder
     notes = Notes(stdout, stderr, stdout_for_scripts=args.output_json)
     requests = export_requests(args)
     out_dir = Path(args.out).expanduser().resolve()
-    server: Optional[LocalServer] = None
-    previous_handlers: dict[int, Any] = {}
+    reached = Reached()
     with StudioClient(args.server, token=args.token) as client:
         try:
-            if not client.answers():
-                if args.no_start_server or not may_start_server(args.server):
-                    notes.error(
-                        f"nothing answers at {args.server}; start a server there (`finetune-studio serve`) or name"
-                        " another with --server"
-                    )
-                    return EXIT_REFUSED
-                previous_handlers = {sig: signal.signal(sig, _exit_on_signal) for sig in (signal.SIGTERM, signal.SIGHUP)}
-                server = _start_server(args, client, notes)
+            if not reached.reach(args, client, notes):
+                return EXIT_REFUSED
             code, downloaded = _run(client, requests, out_dir, args, notes, stdout)
         except StudioError as exc:
             notes.error(str(exc))
             code, downloaded = (EXIT_REFUSED if exc.status_code is not None else EXIT_FAILED), []
         finally:
-            _release(server, keep=False, previous_handlers=previous_handlers)
+            reached.release()
     if args.output_json:  # the last line for a script: what came of it
         JsonLinesView(stdout).write({"event": "summary", "exit_code": code, "files": [str(path) for path in downloaded]})
     return code
@@ -158,9 +149,7 @@ def _run(
         if status is None:
             return EXIT_LEFT_RUNNING, downloaded
         if status["phase"] != "completed":
-            code = (status.get("details") or {}).get("error_code")
-            why = f": {status['error']}" if status.get("error") else f": {status['message']}"
-            notes.error(f"export {export_id} ended {status['phase']}{f' ({code})' if code else ''}{why}")
+            notes.error(how_it_ended("export", export_id, status))
             return EXIT_FAILED, downloaded
         files = list((status.get("details") or {}).get("files") or [])
         downloaded += download_files(client, export_id, files, out_dir, notes)

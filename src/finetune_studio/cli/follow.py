@@ -146,6 +146,13 @@ class Notes:
         self.err.flush()
 
 
+def how_it_ended(what: str, object_id: str, status: dict[str, Any]) -> str:
+    """'export e1 ended error (export_failed): why': an export's or evaluation's end that is not `completed`."""
+    code = (status.get("details") or {}).get("error_code")
+    why = status.get("error") or status["message"]
+    return f"{what} {object_id} ended {status['phase']}{f' ({code})' if code else ''}: {why}"
+
+
 def follow_until_done(
     client: StudioClient,
     job_id: str,

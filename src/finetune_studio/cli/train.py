@@ -20,6 +20,7 @@ import json
 import shutil
 import signal
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 from typing import IO, Any, Optional
@@ -142,6 +143,35 @@ def _start_server(args: argparse.Namespace, client: StudioClient, notes: Notes) 
     return server
 
 
+@dataclass
+class Reached:
+    """What a command set up to reach its server: the server it started (None where one
+    answered) and the signal handlers it replaced meanwhile; `release` undoes both."""
+
+    server: Optional[LocalServer] = None
+    previous_handlers: dict[int, Any] = field(default_factory=dict)
+
+    def reach(self, args: argparse.Namespace, client: StudioClient, notes: Notes) -> bool:
+        """Whether a server answers at --server, starting one there where nothing does and the
+        flags allow it (`may_start_server`); False, said in `notes`, where it may not."""
+        if client.answers():
+            return True
+        if args.no_start_server or not may_start_server(args.server):
+            why = "--no-start-server was given" if args.no_start_server else "it is not a loopback http URL with a port"
+            notes.error(
+                f"nothing answers at {args.server}; start a server there (`finetune-studio serve`) or name"
+                f" another with --server (this command starts one itself only at a loopback address; {why})"
+            )
+            return False
+        self.previous_handlers = {sig: signal.signal(sig, _exit_on_signal) for sig in (signal.SIGTERM, signal.SIGHUP)}
+        self.server = _start_server(args, client, notes)
+        return True
+
+    def release(self, keep: bool = False) -> None:
+        """Stop the server this command started (unless it is to keep running), and restore the signal handlers."""
+        _release(self.server, keep=keep, previous_handlers=self.previous_handlers)
+
+
 def _describe_kept(server: LocalServer) -> str:
     return (
         f"the server at {server.url} keeps running (pid {server.pid}, log {server.log_path});"
@@ -156,31 +186,23 @@ def _exit_on_signal(signum: int, frame: Optional[FrameType]) -> None:
 
 def run_train(args: argparse.Namespace, stdout: IO[str] = sys.stdout, stderr: IO[str] = sys.stderr) -> int:
     notes = Notes(stdout, stderr, stdout_for_scripts=args.output_json or args.detach)
-    server: Optional[LocalServer] = None
+    reached = Reached()
     keep_server = bool(args.detach)
-    previous_handlers: dict[int, Any] = {}
     with StudioClient(args.server, token=args.token) as client:
         try:
-            if not client.answers():
-                if args.no_start_server or not may_start_server(args.server):
-                    why = "--no-start-server was given" if args.no_start_server else "it is not a loopback http URL with a port"
-                    notes.error(
-                        f"nothing answers at {args.server}; start a server there (`finetune-studio serve`) or name"
-                        f" another with --server (this command starts one itself only at a loopback address; {why})"
-                    )
-                    return EXIT_REFUSED
-                previous_handlers = {sig: signal.signal(sig, _exit_on_signal) for sig in (signal.SIGTERM, signal.SIGHUP)}
-                server = _start_server(args, client, notes)
-                if server is not None and not keep_server:
-                    notes.say(f"server up at {server.url} (pid {server.pid}); it stops when the job ends")
+            if not reached.reach(args, client, notes):
+                return EXIT_REFUSED
+            server = reached.server
+            if server is not None and not keep_server:
+                notes.say(f"server up at {server.url} (pid {server.pid}); it stops when the job ends")
             job_id = client.start(request_for(args, client, notes))
         except StudioError as exc:
             notes.error(f"the job was not queued: {exc}")
-            _release(server, keep=False, previous_handlers=previous_handlers)
+            reached.release()
             return EXIT_REFUSED
         except KeyboardInterrupt:
             notes.error("interrupted; no job was queued")
-            _release(server, keep=False, previous_handlers=previous_handlers)
+            reached.release()
             return EXIT_LEFT_RUNNING
         try:
             if args.detach:
@@ -198,7 +220,7 @@ def run_train(args: argparse.Namespace, stdout: IO[str] = sys.stdout, stderr: IO
                 notes.say(_describe_kept(server))
             return report(outcome, view, notes)
         finally:
-            _release(server, keep=keep_server, previous_handlers=previous_handlers)
+            reached.release(keep=keep_server)
 
 
 def _say_detached(job_id: str, server: Optional[LocalServer], args: argparse.Namespace, stdout: IO[str], stderr: IO[str]) -> None:
