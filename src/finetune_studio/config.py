@@ -17,6 +17,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from finetune_studio.errors import UnsafeSettings
 from finetune_studio.hardware import Precision
+from finetune_studio.outbound import allowed_entry
 from finetune_studio.wire import DataDir
 
 MiB = 1024 * 1024
@@ -102,6 +103,31 @@ class Settings(BaseSettings):
             "Hosts an exposed server lets an evaluation's judge `base_url` name (a loopback server lets it name any)."
             " In the environment: names separated by ',' (or a JSON list)."
         ),
+    )
+    webhook_allowed_hosts: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description=(
+            "Hosts an exposed server sends webhooks to (a loopback server sends them anywhere): names, addresses or"
+            " networks (10.0.0.0/8). A loopback, private or link-local address is refused unless it (or its network)"
+            " is listed too. In the environment: entries separated by ',' (or a JSON list)."
+        ),
+    )
+    webhook_retry_seconds: Annotated[list[float], NoDecode] = Field(
+        default_factory=lambda: [5.0, 300.0, 1800.0, 7200.0, 18000.0, 36000.0, 36000.0],
+        description=(
+            "The waits between a webhook delivery's attempts (the first is sent at once): Standard Webhooks' schedule,"
+            " about 28 hours in all. A delivery that fails its last attempt disables its webhook. In the environment:"
+            " seconds separated by ','."
+        ),
+    )
+    webhook_retry_jitter: float = Field(
+        default=0.2, ge=0, le=1, description="Each wait between attempts is drawn within this fraction of itself (0.2: +/-20%)."
+    )
+    webhook_timeout_seconds: float = Field(
+        default=10.0, gt=0, description="One webhook attempt (connect, send, answer) that takes longer has failed."
+    )
+    metrics_public: bool = Field(
+        default=False, description="GET /metrics answers without the token (for a Prometheus that holds none)."
     )
     max_concurrent_inspections: int = Field(
         default=2, ge=1, description="Dataset inspections (POST /datasets/inspect) that run at once; more are refused (429)."
@@ -229,7 +255,7 @@ class Settings(BaseSettings):
     def _names_are_host_names(cls, names: list[str]) -> list[str]:
         return [server_name(name) for name in names]
 
-    @field_validator("judge_key_envs", "judge_allowed_hosts", mode="before")
+    @field_validator("judge_key_envs", "judge_allowed_hosts", "webhook_allowed_hosts", "webhook_retry_seconds", mode="before")
     @classmethod
     def _split_commas(cls, value: Any) -> Any:
         if isinstance(value, str):
@@ -256,6 +282,18 @@ class Settings(BaseSettings):
     @classmethod
     def _hosts_are_host_names(cls, names: list[str]) -> list[str]:
         return [server_name(name) for name in names]
+
+    @field_validator("webhook_allowed_hosts")
+    @classmethod
+    def _webhook_hosts(cls, entries: list[str]) -> list[str]:
+        return [allowed_entry(entry, "FINETUNE_STUDIO_WEBHOOK_ALLOWED_HOSTS") for entry in entries]
+
+    @field_validator("webhook_retry_seconds")
+    @classmethod
+    def _waits(cls, waits: list[float]) -> list[float]:
+        if any(wait < 0 for wait in waits):
+            raise ValueError("FINETUNE_STUDIO_WEBHOOK_RETRY_SECONDS: a wait cannot be negative; list seconds >= 0, separated by ','")
+        return waits
 
     # The data directory's layout is wire.DataDir's.
     @property

@@ -76,27 +76,18 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
-class ChatCompletionRequest(BaseModel):
-    """`POST /v1/chat/completions`: OpenAI's request, the fields this server honours."""
+class _GenerationRequest(BaseModel):
+    """What OpenAI's chat and completions requests share: the model, how to sample, streaming."""
 
     model_config = ConfigDict(extra="ignore")
 
     model: str = Field(min_length=1, description="A job id (its adapter or model) or a base model a job used: see GET /v1/models")
-    messages: list[ChatMessage] = Field(min_length=1)
     temperature: Optional[float] = Field(default=None, ge=0, le=2, description="0 is greedy (default 1)")
     top_p: Optional[float] = Field(default=None, gt=0, le=1, description="nucleus sampling (default 1)")
-    max_tokens: Optional[int] = Field(default=None, ge=1, description="default: the rest of the model's context")
-    max_completion_tokens: Optional[int] = Field(default=None, ge=1, description="OpenAI's newer name for max_tokens; wins over it")
     stop: Union[str, list[str], None] = Field(default=None, description="text that ends the answer (not included in it)")
     seed: Optional[int] = Field(default=None, ge=0, le=2**64 - 1, description="the same seed and request give the same answer")
     stream: Optional[bool] = False
     stream_options: Optional[StreamOptions] = None
-    logprobs: Optional[bool] = Field(default=None, description="return the log-probability of each token of the answer")
-    top_logprobs: Optional[int] = Field(
-        default=None, ge=0, le=20,
-        description=f"with logprobs: this many most likely alternatives beside each token (at most {MAX_TOP_LOGPROBS} here)",
-    )
-    n: Optional[int] = Field(default=None, description="must be 1: one choice per request")
     user: Optional[str] = None
 
     @model_validator(mode="before")
@@ -104,6 +95,38 @@ class ChatCompletionRequest(BaseModel):
     def _valid_unicode(cls, data: Any) -> Any:
         # A lone surrogate cannot be encoded for the inference child (see text.py).
         return refuse_invalid_text(cls.__name__, data)
+
+    @field_validator("stop")
+    @classmethod
+    def _usable_stops(cls, value: Union[str, list[str], None]) -> Union[str, list[str], None]:
+        stops = [value] if isinstance(value, str) else list(value or [])
+        if any(stop == "" for stop in stops):
+            raise PydanticCustomError("stop_empty", "an empty stop string would end every answer before it starts: leave it out", {})
+        if len(stops) > MAX_STOP_SEQUENCES:
+            raise PydanticCustomError("stop_too_many", "at most {limit} stop strings", {"limit": MAX_STOP_SEQUENCES})
+        return value
+
+    @property
+    def stops(self) -> list[str]:
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class ChatCompletionRequest(_GenerationRequest):
+    """`POST /v1/chat/completions`: OpenAI's request, the fields this server honours."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: Optional[int] = Field(default=None, ge=1, description="default: the rest of the model's context")
+    max_completion_tokens: Optional[int] = Field(default=None, ge=1, description="OpenAI's newer name for max_tokens; wins over it")
+    logprobs: Optional[bool] = Field(default=None, description="return the log-probability of each token of the answer")
+    top_logprobs: Optional[int] = Field(
+        default=None, ge=0, le=20,
+        description=f"with logprobs: this many most likely alternatives beside each token (at most {MAX_TOP_LOGPROBS} here)",
+    )
+    n: Optional[int] = Field(default=None, description="must be 1: one choice per request")
 
     @field_validator("n")
     @classmethod
@@ -129,23 +152,90 @@ class ChatCompletionRequest(BaseModel):
             raise PydanticCustomError("top_logprobs_without_logprobs", "top_logprobs needs logprobs: true", {})
         return value
 
-    @field_validator("stop")
-    @classmethod
-    def _usable_stops(cls, value: Union[str, list[str], None]) -> Union[str, list[str], None]:
-        stops = [value] if isinstance(value, str) else list(value or [])
-        if any(stop == "" for stop in stops):
-            raise PydanticCustomError("stop_empty", "an empty stop string would end every answer before it starts: leave it out", {})
-        if len(stops) > MAX_STOP_SEQUENCES:
-            raise PydanticCustomError("stop_too_many", "at most {limit} stop strings", {"limit": MAX_STOP_SEQUENCES})
-        return value
-
-    @property
-    def stops(self) -> list[str]:
-        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
-
     @property
     def token_limit(self) -> Optional[int]:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+
+# OpenAI's completions answer 16 tokens when max_tokens is not given.
+COMPLETION_DEFAULT_MAX_TOKENS = 16
+# The most choices one completions request asks for (prompts times n): each is an answer
+# of its own in the chat child, where they decode together.
+MAX_COMPLETION_CHOICES = 256
+Prompt = Union[str, list[StrictInt]]
+
+
+class CompletionRequest(_GenerationRequest):
+    """`POST /v1/completions`: OpenAI's (legacy) completions request, the fields this server honours."""
+
+    prompt: Union[str, list[str], list[StrictInt], list[list[StrictInt]]] = Field(
+        description="a text, a list of texts, token ids, or a list of token-id lists (token ids are used exactly as given,"
+        " no BOS added); one choice per prompt (times n)")
+    echo: bool = Field(default=False, description="put the prompt (and, with logprobs, its tokens' log-probabilities) before the answer")
+    max_tokens: Optional[int] = Field(default=None, ge=0, description=f"default {COMPLETION_DEFAULT_MAX_TOKENS}; 0 (with echo): the prompt alone")
+    logprobs: Optional[int] = Field(
+        default=None, ge=0, le=MAX_TOP_LOGPROBS,
+        description=f"return each token's log-probability and this many most likely alternatives (0 to {MAX_TOP_LOGPROBS})",
+    )
+    n: Optional[int] = Field(default=None, ge=1, description="choices per prompt (default 1)")
+    suffix: Optional[str] = Field(default=None, description="not served: must be left out")
+    best_of: Optional[int] = Field(default=None, description="not served: must be 1 or left out")
+
+    @field_validator("prompt")
+    @classmethod
+    def _some_prompt(cls, value: Any) -> Any:
+        if isinstance(value, list) and not value:
+            raise PydanticCustomError("prompt_empty", "prompt must hold at least one text or token id", {})
+        if isinstance(value, list) and any(isinstance(item, list) and not item for item in value):
+            raise PydanticCustomError("prompt_empty", "a token-id prompt must hold at least one token id", {})
+        ids = [item for item in value if isinstance(item, int)] if isinstance(value, list) else []
+        ids += [token for item in value if isinstance(item, list) for token in item] if isinstance(value, list) else []
+        if any(token < 0 for token in ids):
+            raise PydanticCustomError("prompt_token", "token ids are 0 or more", {})
+        return value
+
+    @field_validator("max_tokens")
+    @classmethod
+    def _zero_with_echo(cls, value: Optional[int], info: ValidationInfo) -> Optional[int]:
+        if value == 0 and not info.data.get("echo"):
+            raise PydanticCustomError("max_tokens_zero", "max_tokens 0 asks for no answer: it needs echo: true (the prompt's"
+                                      " own log-probabilities), else ask for 1 or more", {})
+        return value
+
+    @field_validator("suffix")
+    @classmethod
+    def _no_suffix(cls, value: Optional[str]) -> Optional[str]:
+        if value:
+            raise PydanticCustomError("suffix_unsupported", "this server does not insert text before a suffix: leave suffix out", {})
+        return value
+
+    @field_validator("best_of")
+    @classmethod
+    def _no_best_of(cls, value: Optional[int]) -> Optional[int]:
+        if value is not None and value != 1:
+            raise PydanticCustomError("best_of_unsupported", "this server returns the choices it generates, none picked among"
+                                      " more: send best_of 1 (or leave it out), and n for more choices", {})
+        return value
+
+    @model_validator(mode="after")
+    def _few_enough_choices(self) -> CompletionRequest:
+        if len(self.prompts) * (self.n or 1) > MAX_COMPLETION_CHOICES:
+            raise PydanticCustomError("too_many_choices", "prompts times n comes to {count} choices, over {limit}: send fewer"
+                                      " prompts (or a smaller n) per request",
+                                      {"count": len(self.prompts) * (self.n or 1), "limit": MAX_COMPLETION_CHOICES})
+        return self
+
+    @property
+    def prompts(self) -> list[Prompt]:
+        """Each prompt: a text, or token ids."""
+        value = self.prompt
+        if isinstance(value, str) or (value and all(isinstance(item, int) for item in value)):
+            return [value]  # type: ignore[list-item]
+        return list(value)  # type: ignore[arg-type]
+
+    @property
+    def token_limit(self) -> int:
+        return COMPLETION_DEFAULT_MAX_TOKENS if self.max_tokens is None else self.max_tokens
 
 
 # -- the answer -----------------------------------------------------------------
@@ -217,6 +307,37 @@ class ChatCompletionChunk(BaseModel):
     created: int
     model: str
     choices: list[ChunkChoice]
+    usage: Optional[Usage] = None
+    system_fingerprint: Optional[str] = None
+
+
+class CompletionLogprobs(BaseModel):
+    """`choices[].logprobs` of a completion, OpenAI's legacy shape: per token its text, its
+    log-probability (None for a prompt's first), the most likely alternatives with it
+    (`{token: logprob}`; None for a prompt's first), and where it starts in the choice's text."""
+
+    tokens: list[str] = Field(default_factory=list)
+    token_logprobs: list[Optional[float]] = Field(default_factory=list)
+    top_logprobs: list[Optional[dict[str, float]]] = Field(default_factory=list)
+    text_offset: list[int] = Field(default_factory=list)
+
+
+class CompletionChoice(BaseModel):
+    text: str
+    index: int = 0
+    logprobs: Optional[CompletionLogprobs] = None
+    finish_reason: Optional[FinishReason] = None
+
+
+class Completion(BaseModel):
+    """A completions answer, or (streamed) one `data:` line of it: then a choice's text is what
+    it adds, and the last line, with `stream_options.include_usage`, has no choices and `usage`."""
+
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
     usage: Optional[Usage] = None
     system_fingerprint: Optional[str] = None
 

@@ -26,6 +26,9 @@ from pydantic_core import PydanticCustomError
 from finetune_studio.hardware import Precision
 from finetune_studio.text import refuse_invalid_text
 
+# The request's `compile` (training/compilation.py): "auto", true or false.
+CompileChoice = Union[Literal["auto"], bool]
+
 Phase = Literal[
     "idle",
     "loading_model",
@@ -215,6 +218,8 @@ _METHOD_COLUMNS = {
 # suite measures is computed by the evaluation child (finetune_studio/evaluation/).
 
 MAX_EVAL_MODELS = 8
+# The most per-sample rows one GET /eval/results/{id}/samples answers (its `limit`); the page reads by it.
+MAX_EVAL_SAMPLE_PAGE = 1000
 MAX_EVAL_SUITES = 16
 # lm-evaluation-harness task names: letters, digits and `_.-` (a group or a single task).
 _TASK_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,199}$"
@@ -433,6 +438,13 @@ class TrainingStartRequest(BaseModel):
         description='Extension. The dtype the job computes in: "auto" (bf16 autocast where bf16 is native: a GPU'
         ' with bf16, a CPU with AMX or AVX512-BF16; fp32 elsewhere), "bf16" or "fp32" (forced). With LoRA in bf16'
         " the frozen base weights are held in bf16 and the adapter's in fp32; details.precision says what ran and why.",
+    )
+    compile: CompileChoice = Field(
+        default="auto",
+        description='Extension. torch.compile of the model: "auto" compiles when the run is long enough to earn back'
+        " the compile time (estimated from its steps and its first steps' time), true always, false never. Compiled"
+        " graphs are cached under the data dir; a compile that fails falls back to eager with a warning."
+        " details.compile says what ran and why.",
     )
     eval_after: list[EvalSuite] = Field(
         default_factory=list, max_length=MAX_EVAL_SUITES,
@@ -1116,3 +1128,69 @@ class EvalSamplePage(BaseModel):
     total: int
     offset: int
     limit: int
+
+
+# -- webhooks (docs/API.md, Webhooks; the events: finetune_studio/jobs/webhooks.py EVENTS) --
+
+
+class WebhookCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    url: str = Field(max_length=2048, description="Where each delivery is POSTed (http:// or https://).")
+    events: list[str] = Field(min_length=1, max_length=64, description="The event types to send (docs/API.md, Webhooks; a 400 names them all).")
+    secret: Optional[str] = Field(
+        default=None, max_length=200,
+        description="The signing secret, `whsec_` and base64 of 24 to 64 bytes; left out, the server makes one (answered once).",
+    )
+
+
+class Webhook(BaseModel):
+    id: str
+    object: Literal["webhook"] = "webhook"
+    url: str
+    events: list[str]
+    created_at: int
+    disabled: bool = False
+    disabled_reason: Optional[str] = Field(default=None, description="Why the server stopped sending (a target that kept failing).")
+
+
+class WebhookCreated(Webhook):
+    secret: str = Field(description="The signing secret: shown here only, keep it to verify deliveries.")
+
+
+class WebhookList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[Webhook]
+
+
+class WebhookDeleted(BaseModel):
+    id: str
+    object: Literal["webhook"] = "webhook"
+    deleted: bool = True
+
+
+class WebhookAttempt(BaseModel):
+    number: int
+    at: float = Field(description="When it was sent, seconds since the epoch.")
+    status_code: Optional[int] = Field(default=None, description="The receiver's HTTP status (null: no answer).")
+    error: Optional[str] = None
+    duration_ms: float
+
+
+class WebhookDelivery(BaseModel):
+    id: str = Field(description="The delivery's `webhook-id` header, the same on every attempt.")
+    object: Literal["webhook.delivery"] = "webhook.delivery"
+    webhook_id: str
+    event_type: str
+    created_at: float
+    state: Literal["pending", "delivered", "failed"]
+    next_attempt_at: Optional[float] = None
+    last_error: Optional[str] = None
+    payload: dict[str, Any] = Field(description="The body as it is sent.")
+    attempts: list[WebhookAttempt]
+
+
+class WebhookDeliveryList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[WebhookDelivery]
+

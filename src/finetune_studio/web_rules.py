@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 
 from finetune_studio.jobs.phases import RESULT_PHASES
-from finetune_studio.schemas import BASE_MODEL_PREFIX
+from finetune_studio.schemas import BASE_MODEL_PREFIX, MAX_EVAL_SAMPLE_PAGE
 
 RULES_JS = Path(__file__).resolve().parent / "web" / "rules.js"
 
@@ -34,6 +34,9 @@ def render() -> str:
         "// The model id that names a training job's base model alone: this prefix and the job's id\n"
         "// (an evaluation's `models`, GET /v1/models): schemas.BASE_MODEL_PREFIX.\n"
         f"export const BASE_MODEL_PREFIX = {json.dumps(BASE_MODEL_PREFIX)};\n"
+        "\n"
+        "// The most per-sample rows one GET /eval/results/{id}/samples answers: schemas.MAX_EVAL_SAMPLE_PAGE.\n"
+        f"export const MAX_EVAL_SAMPLE_PAGE = {MAX_EVAL_SAMPLE_PAGE};\n"
     )
 
 

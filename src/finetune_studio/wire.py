@@ -40,6 +40,11 @@ TOOLS_ENV = "FINETUNE_STUDIO_LLAMA_CPP_TOOLS"
 # How to install llama.cpp's Python binding (GGUF export and chat), for every message that says so.
 GGUF_INSTALL = "pip install 'finetune-studio[gguf]'"
 CHILD_ENV = {"PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_DISABLE_TELEMETRY": "1"}
+# torch.compile's caches on disk (inductor's FX graphs and AOTAutograd's): a training child
+# sets these from its data dir (`DataDir.compile_environment`) where the user's environment
+# names none, so that a second run of the same shape reuses the first one's compiled graphs.
+COMPILE_CACHE_DIR_ENV = "TORCHINDUCTOR_CACHE_DIR"
+COMPILE_CACHE_SWITCHES = {"TORCHINDUCTOR_FX_GRAPH_CACHE": "1", "TORCHINDUCTOR_AUTOGRAD_CACHE": "1"}
 # The longest message line the server reads from a child; a child keeps its
 # messages far below it (bounded warnings and excerpts).
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
@@ -146,6 +151,16 @@ class DataDir:
     def ray(self) -> Path:
         """Ray Train's storage_path when the settings name none."""
         return self.root / "ray"
+
+    @property
+    def compile_cache(self) -> Path:
+        """torch.compile's caches (TORCHINDUCTOR_CACHE_DIR) and the compile times measured
+        with them (training/compilation.py), shared by every training job."""
+        return self.root / "compile-cache"
+
+    def compile_environment(self) -> dict[str, str]:
+        """The variables that point a training child's torch.compile at `compile_cache`."""
+        return {COMPILE_CACHE_DIR_ENV: str(self.compile_cache), **COMPILE_CACHE_SWITCHES}
 
     def job(self, job_id: str) -> Path:
         return self.jobs / job_id

@@ -11,6 +11,7 @@ and, for the server's side, training jobs played in-process that leave what an e
     trained(client, data, **fields)  such a job, completed
     rows_file(path, users)           conversations whose reference answer is the user's words
     TASK_YAML                        an lm-eval multiple-choice task over a local JSONL file
+    GENERATE_TASK_YAML               an lm-eval generate_until task over a local JSONL file
 """
 
 from __future__ import annotations
@@ -178,6 +179,25 @@ doc_to_choice: "{{{{choices}}}}"
 doc_to_target: "{{{{answer}}}}"
 metric_list:
   - metric: acc
+    aggregation: mean
+    higher_is_better: true
+"""
+
+GENERATE_TASK_YAML = """task: tiny_gen
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: generate_until
+doc_to_text: "Question: {{{{question}}}}\\nAnswer:"
+doc_to_target: "{{{{answer}}}}"
+generation_kwargs:
+  until: ["\\n", "."]
+  max_gen_toks: 8
+  do_sample: false
+metric_list:
+  - metric: exact_match
     aggregation: mean
     higher_is_better: true
 """

@@ -28,12 +28,26 @@ from finetune_studio.api import openai_errors
 from finetune_studio.api.auth import TokenGuard, under_prefixes
 from finetune_studio.api.body_limit import DeclaredBodyLimit, too_large_body, too_large_upload
 from finetune_studio.api.deps import Studio
+from finetune_studio.api.metrics import registry as metrics_registry
 from finetune_studio.api.origin import CrossSiteGuard, LoopbackHostGuard
 from finetune_studio.api.request_scoped import check_request_scoped
-from finetune_studio.api.routes import chat, datasets, evaluation, export, files, fine_tuning, health, system, train
+from finetune_studio.api.routes import (
+    chat,
+    completions,
+    datasets,
+    evaluation,
+    export,
+    files,
+    fine_tuning,
+    health,
+    metrics,
+    system,
+    train,
+    webhooks,
+)
 from finetune_studio.api.streaming import StudioApp
 from finetune_studio.config import Settings, token_problem
-from finetune_studio.errors import StartRefused, StorageFailed, StudioError, UnsafeSettings
+from finetune_studio.errors import StartRefused, StorageFailed, StudioError, UnsafeSettings, WebhookRefused
 from finetune_studio.failures import chain, storage_fault
 from finetune_studio.files.store import FileStore
 from finetune_studio.jobs.lock import DataDirLock
@@ -45,6 +59,7 @@ from finetune_studio.supervisor.inspector import INSPECT_MODULE, Inspector
 from finetune_studio.supervisor.launcher import EVAL_MODULE, EXPORT_MODULE, LocalProcessLauncher, WorkerLauncher
 from finetune_studio.supervisor.ray_launcher import ray_launcher
 from finetune_studio.supervisor.supervisor import Supervisor
+from finetune_studio.supervisor.webhooks import WebhookDispatcher
 from finetune_studio.text import clean_text
 
 WEB_DIR = Path(__file__).resolve().parent.parent / "web"
@@ -52,8 +67,8 @@ WEB_DIR = Path(__file__).resolve().parent.parent / "web"
 # token when one is set, and the web UI's mount leaves them to the API. A new router
 # goes here (and nowhere else), so it cannot be left unguarded.
 API_ROUTERS = (
-    train.router, chat.router, system.router, export.router, datasets.router, files.router, fine_tuning.router,
-    evaluation.router,
+    train.router, chat.router, completions.router, system.router, export.router, datasets.router, files.router, fine_tuning.router,
+    evaluation.router, webhooks.router, metrics.router,
 )
 API_PREFIXES = tuple(router.prefix + "/" for router in API_ROUTERS)
 log = logging.getLogger("finetune_studio")
@@ -120,12 +135,16 @@ def create_app(
             )
             app.state.studio = Studio(settings, service, supervisor, inference, file_store)
             inspector = app.state.inspector = Inspector(settings, inspect_module)  # dataset inspections: children of their own
+            # Webhooks go out from the outbox in a task of their own (what a restart finds pending, too).
+            dispatcher = app.state.webhooks = WebhookDispatcher(store.webhooks, settings, service.counters)
             await supervisor.start()
+            dispatcher.start()
             keepalive = asyncio.create_task(service.keep_streams_alive(), name="stream keep-alive")
             try:
                 yield
             finally:
                 keepalive.cancel()
+                await dispatcher.shutdown()
                 await inspector.shutdown()
                 await inference.shutdown()
                 await supervisor.shutdown()
@@ -141,8 +160,12 @@ def create_app(
         summary="Fine-tune language models: queue jobs, stream every step.",
         lifespan=lifespan,
     )
+    app.state.metrics = metrics_registry(app.state)
     if settings.token is not None:
-        app.add_middleware(TokenGuard, token=settings.token.get_secret_value(), prefixes=API_PREFIXES)
+        # /metrics goes without the token only when the operator says so (metrics_public).
+        public = (metrics.router.prefix + "/",) if settings.metrics_public else ()
+        guarded = tuple(prefix for prefix in API_PREFIXES if prefix not in public)
+        app.add_middleware(TokenGuard, token=settings.token.get_secret_value(), prefixes=guarded)
     # Added after the token guard, so it runs before it: an over-long declared body is refused unread.
     # An upload's body is a file (and its form): it has a limit of its own.
     upload_limit = settings.max_file_bytes + UPLOAD_FORM_BYTES
@@ -174,6 +197,8 @@ def create_app(
             if exc.field:  # the request field at fault, for a form to mark
                 body["field"] = exc.field
             return JSONResponse(body, status_code=exc.status_code)
+        if isinstance(exc, WebhookRefused) and exc.field:
+            return JSONResponse({"detail": text, "field": exc.field}, status_code=exc.status_code)
         if isinstance(exc, StorageFailed):  # a full disk (507) or a data dir that cannot be written (503)
             body = {"detail": text, "error_code": exc.error_code}
             return JSONResponse(body, status_code=exc.status_code, headers=openai_errors.retry_headers(exc))

@@ -59,7 +59,7 @@ def http_error(status_code: int, detail: Any, method: str, path: str, headers: O
     if status_code in (404, 405):
         text = (
             f"{text}: {method} {clean_text(path)}. This server's OpenAI-compatible routes are GET /v1/models,"
-            " POST /v1/chat/completions, /v1/files and /v1/fine_tuning/jobs (see /docs)"
+            " POST /v1/chat/completions, POST /v1/completions, /v1/files and /v1/fine_tuning/jobs (see /docs)"
         )
     return _by_status(status_code, text, headers)
 

@@ -38,8 +38,9 @@ from fastapi import FastAPI
 from fastapi.sse import EventSourceResponse
 from starlette.types import Message, Receive, Scope, Send
 
-# Every path that answers with a BoundedEventStream: a job's or an export's events, and a streamed chat answer.
-STREAM_PATHS = ("/train/stream/", "/export/stream/", "/v1/chat/completions")
+# Every path that answers with a BoundedEventStream: a job's or an export's events, and a streamed chat or
+# completions answer.
+STREAM_PATHS = ("/train/stream/", "/export/stream/", "/v1/chat/completions", "/v1/completions")
 TRANSPORT = "finetune_studio.transport"
 # Only a server without flow control lets a buffer grow past its high-water mark
 # plus one chunk; uvicorn never does.

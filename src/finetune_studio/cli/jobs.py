@@ -79,20 +79,19 @@ def run_jobs(client: StudioClient, out: IO[str], output_json: bool) -> int:
 
 def run_status(client: StudioClient, job_id: str, out: IO[str], output_json: bool) -> int:
     status = client.status(job_id)
-    if output_json:
-        out.write(json.dumps(status) + "\n")
-        return 0
-    progress = client.progress(job_id) if status["phase"] == "training" else None
-    for line in status_lines(status, progress):
-        out.write(line + "\n")
-    return 0
+    progress = client.progress(job_id) if status["phase"] == "training" and not output_json else None
+    return _show(status, progress, out, output_json)
 
 
 def run_stop(client: StudioClient, job_id: str, out: IO[str], output_json: bool) -> int:
-    status = client.stop(job_id)
+    return _show(client.stop(job_id), None, out, output_json)
+
+
+def _show(status: dict[str, Any], progress: Optional[dict[str, Any]], out: IO[str], output_json: bool) -> int:
+    """A job's status as one JSON line (--output-json) or as the lines `status_lines` makes."""
     if output_json:
         out.write(json.dumps(status) + "\n")
-        return 0
-    for line in status_lines(status, None):
-        out.write(line + "\n")
+    else:
+        for line in status_lines(status, progress):
+            out.write(line + "\n")
     return 0

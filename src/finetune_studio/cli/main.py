@@ -226,6 +226,9 @@ def _setting(text: str) -> tuple[str, Any]:
         return key, raw
 
 
+_STARTED_DATA_DIR = "data directory of a server this command starts (default ~/.finetune-studio, or FINETUNE_STUDIO_DATA_DIR)"
+
+
 def _client_options(parser: argparse.ArgumentParser, output_json_help: Optional[str]) -> None:
     parser.add_argument(
         "--server", "--url", dest="server", default=os.environ.get("FINETUNE_STUDIO_URL", DEFAULT_SERVER),
@@ -237,6 +240,15 @@ def _client_options(parser: argparse.ArgumentParser, output_json_help: Optional[
     )
     if output_json_help is not None:
         parser.add_argument("--output-json", action="store_true", help=output_json_help)
+
+def _starting_client_options(parser: argparse.ArgumentParser, output_json_help: str,
+                             data_dir_help: str = _STARTED_DATA_DIR) -> None:
+    """The options of a command that may start a server where none answers (cli/train.py's
+    `Reached`): its data dir and --no-start-server, then the client's own."""
+    parser.add_argument("--data-dir", default=None, help=data_dir_help)
+    parser.add_argument("--no-start-server", action="store_true", help="never start a server; fail when none answers")
+    _client_options(parser, output_json_help)
+
 
 
 TRAIN_DESCRIPTION = """Queue a training job and follow it with a progress bar until it ends.
@@ -293,10 +305,7 @@ def _add_train_parser(commands: Any) -> None:
                             " auto sets the fields no flag sets as the server's GET /system recommends, as the page"
                             " does (a server without it: cpu's for a server on this machine with no NVIDIA driver)")
     train.add_argument("--detach", action="store_true", help="return once the job is queued (see below)")
-    train.add_argument("--data-dir", default=None,
-                       help="data directory of a server this command starts (default ~/.finetune-studio, or FINETUNE_STUDIO_DATA_DIR)")
-    train.add_argument("--no-start-server", action="store_true", help="never start a server; fail when none answers")
-    _client_options(train, "print JSON lines (one per event, then a summary) instead of the progress bar")
+    _starting_client_options(train, "print JSON lines (one per event, then a summary) instead of the progress bar")
     train.set_defaults(func=_train)
 
 def _chat(args: argparse.Namespace) -> int:
@@ -480,10 +489,7 @@ def _add_export_parser(commands: Any) -> None:
     export.add_argument("--out", default=".", metavar="DIR", help="where the exported files are downloaded (default: here)")
     export.add_argument("--merged", default=None, metavar="DIR", help="merge here, in this process, into this new folder")
     export.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"], help="--merged's dtype")
-    export.add_argument("--data-dir", default=None,
-                        help="the data directory: where --merged finds the job, and of a server this command starts")
-    export.add_argument("--no-start-server", action="store_true", help="never start a server; fail when none answers")
-    _client_options(export, "print JSON lines (one per event, then a summary) instead of the progress bars")
+    _starting_client_options(export, "print JSON lines (one per event, then a summary) instead of the progress bars", "the data directory: where --merged finds the job, and of a server this command starts")
     export.set_defaults(func=_export)
 
 
@@ -557,10 +563,7 @@ def _add_eval_parser(commands: Any) -> None:
     evaluate.add_argument("--max-new-tokens", type=_number_in(1, 4096, int), default=None, metavar="N",
                           help="the longest answer a model gives, in tokens")
     evaluate.add_argument("--label", default=None, help="a label shown with the evaluation")
-    evaluate.add_argument("--data-dir", default=None,
-                          help="data directory of a server this command starts (default ~/.finetune-studio, or FINETUNE_STUDIO_DATA_DIR)")
-    evaluate.add_argument("--no-start-server", action="store_true", help="never start a server; fail when none answers")
-    _client_options(evaluate, "print JSON lines (one per event, the results, then a summary) instead of the bar and table")
+    _starting_client_options(evaluate, "print JSON lines (one per event, the results, then a summary) instead of the bar and table")
     evaluate.set_defaults(func=_eval)
 
 

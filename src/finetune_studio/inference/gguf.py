@@ -7,7 +7,7 @@ drives it as it drives a transformers model, but for batching: each of its answe
 takes one forward pass of its own per step (`batch_lane` is None), where a
 transformers base decodes its answers in one batch. The rest is the same: the
 sampling from the logits (sampling.py: greedy is the argmax, a seed repeats an
-answer), the logprobs of the chosen tokens (logprobs.py; not the prompt's), the text
+answer), the logprobs of the chosen tokens and of the prompt's (logprobs.py), the text
 deltas, stop strings, finish reasons and usage counts (text.py, engine.py).
 
 - **Loading.** The model is loaded once with llama.cpp's C API (`llama_cpp`, the
@@ -244,25 +244,48 @@ class GgufModel:
 
     def forward(self, ids: list[int], cache: Any, seen: int, adapter: Optional[str], all_positions: bool = False) -> torch.Tensor:
         """Decode `ids` after the `seen` tokens in the answer's context; the float32
-        logits of the last position (llama.cpp keeps no others: `all_positions`, a
-        prompt's logprobs, is refused)."""
-        if all_positions:
-            raise RequestFailed("invalid_request", "prompt logprobs are not available from llama.cpp models", "prompt_logprobs")
+        logits of the last position, or with `all_positions` (a prompt's logprobs) of
+        every position: then each token of the batch llama.cpp decodes is an output."""
         session: Session = cache
         if seen == 0:
             self._set_adapter(session, adapter)
         if seen + len(ids) > session.size:  # never: the engine keeps prompt + max_tokens within it
             raise RequestFailed("internal_error", f"the answer outgrew its context of {session.size} tokens")
+        if all_positions:
+            return self._every_position(ids, session, seen)
         for start in range(0, len(ids), BATCH):
             chunk = ids[start : start + BATCH]
             tokens = (self.llama.llama_token * len(chunk))(*chunk)
-            code = int(self.llama.llama_decode(session.ctx, self.llama.llama_batch_get_one(tokens, len(chunk))))
-            if code != 0:
-                raise RuntimeError(f"llama.cpp could not decode (llama_decode returned {code}{_DECODE_CODES.get(code, '')})")
+            _decoded(int(self.llama.llama_decode(session.ctx, self.llama.llama_batch_get_one(tokens, len(chunk)))))
         logits = self.llama.llama_get_logits_ith(session.ctx, -1)
         if not logits:
             raise RuntimeError("llama.cpp returned no logits for the last token")
         return torch.from_numpy(np.ctypeslib.as_array(logits, shape=(self.n_vocab,)).copy())
+
+    def _every_position(self, ids: list[int], session: Session, seen: int) -> torch.Tensor:
+        """The logits `[len(ids), vocab]` of every position of `ids`: llama.cpp's batches with an
+        output asked for at each token (its logits come back in the batch's order)."""
+        llama = self.llama
+        rows: list[Any] = []
+        for start in range(0, len(ids), BATCH):
+            chunk = ids[start : start + BATCH]
+            batch = llama.llama_batch_init(len(chunk), 0, 1)
+            try:
+                for i, token in enumerate(chunk):
+                    batch.token[i] = token
+                    batch.pos[i] = seen + start + i
+                    batch.n_seq_id[i] = 1
+                    batch.seq_id[i][0] = 0
+                    batch.logits[i] = 1
+                batch.n_tokens = len(chunk)
+                _decoded(int(llama.llama_decode(session.ctx, batch)))
+                logits = llama.llama_get_logits(session.ctx)
+                if not logits:
+                    raise RuntimeError("llama.cpp returned no logits for the prompt")
+                rows.append(np.ctypeslib.as_array(logits, shape=(len(chunk), self.n_vocab)).copy())
+            finally:
+                llama.llama_batch_free(batch)
+        return torch.from_numpy(np.concatenate(rows))
 
     def _set_adapter(self, session: Session, adapter: Optional[str]) -> None:
         chosen = [pointer for name, pointer in self._adapters.values() if name == adapter]
@@ -307,6 +330,12 @@ class GgufModel:
 
 
 _DECODE_CODES = {1: ": no room left in the context", 2: ": aborted", -1: ": invalid input"}
+
+
+def _decoded(code: int) -> None:
+    """Raise if llama_decode returned an error code."""
+    if code != 0:
+        raise RuntimeError(f"llama.cpp could not decode (llama_decode returned {code}{_DECODE_CODES.get(code, '')})")
 
 
 def _threads() -> tuple[int, int]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import time
 
 from finetune_studio.jobs.store import StoredEvent
 
@@ -47,6 +48,8 @@ class EventFeed:
         # _ends[i]: the bytes of every frame ever appended, up to and including frame i
         # (so a chunk's size is a difference, and its end a bisection).
         self._ends: list[int] = []
+        # When each frame was appended (time.monotonic()): the event write-to-client latency.
+        self._times: list[float] = []
         self._appended = 0
         self._changed = asyncio.Event()
 
@@ -62,14 +65,16 @@ class EventFeed:
         if event.id != self.last_id + 1:
             # Not the next id (cannot happen while the service is the only writer):
             # start over from this event; readers before it go to the database.
-            self.first_id, self._frames, self._ends = event.id, [], []
+            self.first_id, self._frames, self._ends, self._times = event.id, [], [], []
         self._appended += len(frame)
         self._frames.append(frame)
         self._ends.append(self._appended)
+        self._times.append(time.monotonic())
         if len(self._frames) >= 2 * self._capacity:
             drop = len(self._frames) - self._capacity
             del self._frames[:drop]
             del self._ends[:drop]
+            del self._times[:drop]
             self.first_id += drop
         self.finished = terminal
         self.wake()
@@ -83,6 +88,10 @@ class EventFeed:
         before = self._ends[start] - len(self._frames[start])
         end = max(start + 1, bisect.bisect_right(self._ends, before + max_bytes, lo=start))
         return b"".join(self._frames[start:end]), self.first_id + end - 1
+
+    def appended_at(self, event_id: int) -> float:
+        """When the event (one this feed holds) was appended, as time.monotonic() says."""
+        return self._times[event_id - self.first_id]
 
     def wake(self) -> None:
         """Wake every waiting reader (on a new event, or for a keep-alive)."""

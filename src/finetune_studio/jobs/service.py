@@ -21,6 +21,7 @@ from typing import Any, Optional, Union, cast
 
 from finetune_studio.bounds import bound_status
 from finetune_studio.errors import InvalidTransition, JobNotFound, StorageFailed, StudioError
+from finetune_studio.jobs.counters import Counters
 from finetune_studio.jobs.evaluations import eval_join
 from finetune_studio.jobs.feed import CHUNK_BYTES, FRAME_OVERHEAD, KEEPALIVE, EventFeed, sse_frame
 from finetune_studio.jobs.phases import EVAL_RUNNING, EXPORT_RUNNING, PHASES_OF, TERMINAL
@@ -134,6 +135,8 @@ class JobService:
         self._feeds: dict[str, EventFeed] = {}
         # Open streams per job (see `open_reader`).
         self._readers: dict[str, int] = {}
+        # The studio's own counters for /metrics (jobs/counters.py): bumped here and by the routes.
+        self.counters = Counters()
         # Ends that could not be written (the store failed): job id -> the arguments of
         # its `transition`; the store shows their statuses meanwhile (JobStore.hold).
         self._held: dict[str, tuple[str, str, Optional[str], dict[str, Any]]] = {}
@@ -318,6 +321,10 @@ class JobService:
         """The job's open streams."""
         return self._readers.get(job_id, 0)
 
+    def open_streams(self) -> int:
+        """Every job's open streams together."""
+        return sum(self._readers.values())
+
     def close_reader(self, job_id: str) -> None:
         count = self._readers.get(job_id, 0) - 1
         if count > 0:
@@ -369,9 +376,13 @@ class JobService:
             if feed is None or not feed.covers(cursor):
                 feed = self._feeds.get(job_id)
             if feed is not None and feed.covers(cursor):
+                first = cursor + 1
                 chunk, cursor = feed.frames_after(cursor, CHUNK_BYTES)
                 if chunk:
+                    written = feed.appended_at(first)
                     yield chunk
+                    # Once the client's transport took it: how long its oldest event waited (live chunks only).
+                    self.counters.observe_latency(time.monotonic() - written)
                     if feed.finished and cursor == feed.last_id:
                         return
                     continue

@@ -23,6 +23,8 @@ from typing import Any, Optional
 from finetune_studio.errors import InvalidTransition, JobNotFinished, JobNotFound, StorageFailed
 from finetune_studio.failures import StorageHealth
 from finetune_studio.jobs.phases import KINDS, PROGRESS_PHASES, TERMINAL, allowed_from
+from finetune_studio.jobs.webhooks import MIGRATION as WEBHOOKS_MIGRATION
+from finetune_studio.jobs.webhooks import WebhookTable
 from finetune_studio.text import clean
 
 # json.dumps writes every non-ASCII character as an escape; surrogates' start so.
@@ -103,6 +105,8 @@ MIGRATIONS: tuple[str, ...] = (
     ) WITHOUT ROWID;
     CREATE INDEX eval_samples_suite ON eval_samples (eval_id, suite, seq);
     """,
+    # 6: webhooks and their outbox (jobs/webhooks.py): a delivery is written in the transaction of its status
+    WEBHOOKS_MIGRATION,
 )
 
 
@@ -184,6 +188,8 @@ class JobStore:
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute("PRAGMA foreign_keys=ON")
         self._migrate()
+        # Webhooks' registrations and outbox; a status write below queues its deliveries.
+        self.webhooks = WebhookTable(self._db, self.health)
 
     def close(self) -> None:
         self._db.close()
@@ -215,6 +221,9 @@ class JobStore:
                 "INSERT INTO events (job_id, id, kind, data, created_at) VALUES (?, 1, 'status', ?, ?)",
                 (job_id, data, now),
             )
+            queued = self.webhooks.enqueue(kind, job_id, status, now)
+        if queued:
+            self.webhooks.queued()
         return StoredEvent(job_id, 1, "status", data)
 
     def transition(self, job_id: str, status: dict[str, Any], request: Optional[dict[str, Any]] = None) -> StoredEvent:
@@ -257,7 +266,10 @@ class JobStore:
                 "INSERT INTO events (job_id, id, kind, data, created_at) VALUES (?, ?, 'status', ?, ?)",
                 (job_id, event_id, data, now),
             )
+            queued = self.webhooks.enqueue(kind, job_id, status, now)
         self._held.pop(job_id, None)
+        if queued:
+            self.webhooks.queued()
         return StoredEvent(job_id, event_id, "status", data)
 
     def append_progress(self, job_id: str, progress: dict[str, Any]) -> Optional[StoredEvent]:
@@ -437,6 +449,11 @@ class JobStore:
             query += " AND json_extract(request_json, '$.job_id') = ?"
             params.append(exported_job)
         return [self._record(row) for row in self._db.execute(query + " ORDER BY seq DESC", params)]
+
+    def phase_counts(self) -> dict[tuple[str, str], int]:
+        """How many jobs are in each (kind, phase): for /metrics."""
+        rows = self._db.execute("SELECT kind, phase, COUNT(*) FROM jobs GROUP BY kind, phase")
+        return {(str(r[0]), str(r[1])): int(r[2]) for r in rows}
 
     def queued_job_ids(self, kind: Optional[str] = "train") -> list[str]:
         """Jobs of `kind` (None: every kind) waiting to run, first in first out."""

@@ -29,7 +29,7 @@ import signal
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 from finetune_studio.config import Settings
 from finetune_studio.errors import InferenceUnavailable, StorageFailed
@@ -125,19 +125,23 @@ class InferenceManager:
     async def generate(
         self, model: ModelRef, messages: Sequence[dict[str, str]], params: SamplingParams
     ) -> Generation:
-        """Send a request to the child (started first if none runs) and return its
+        """Send a chat request to the child (started first if none runs) and return its
         Generation; the caller reads it to the end or closes it."""
+        command: GenerateCommand = {"type": "generate", "id": f"chatcmpl-{secrets.token_hex(12)}", "model": model,
+                                    "messages": list(messages), "params": params}
+        return await self._send(command)
+
+    async def complete(self, model: ModelRef, prompt: Union[str, list[int]], params: SamplingParams) -> Generation:
+        """Send a completion of `prompt` (a text, or token ids used as given) to the child; as `generate`."""
+        command: GenerateCommand = {"type": "generate", "id": f"cmpl-{secrets.token_hex(12)}", "model": model,
+                                    "prompt": prompt, "params": params}
+        return await self._send(command)
+
+    async def _send(self, command: GenerateCommand) -> Generation:
         child = await self._running_child()
-        request_id = f"chatcmpl-{secrets.token_hex(12)}"
+        request_id = command["id"]
         generation = Generation(request_id, child)
         child.requests[request_id] = generation  # before the write: a crash must find it
-        command: GenerateCommand = {
-            "type": "generate",
-            "id": request_id,
-            "model": model,
-            "messages": list(messages),
-            "params": params,
-        }
         try:
             await child.send(dict(command))
         except BaseException:  # cancelled while the pipe was full: the request must not linger

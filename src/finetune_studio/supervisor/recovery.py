@@ -80,38 +80,31 @@ def remove_export_files(folder: Path) -> None:
 
 
 def _end_export(service: JobService, job: JobRecord) -> None:
+    """An export that was running: its unfinished files removed, then ended as `_end_unrequeued` says."""
     remove_export_files(Path(job.output_dir))
-    details: dict[str, Any] = {"output_dir": job.output_dir}
-    if job.stop_requested:
-        service.transition(
-            job.id, "stopped", f"Stopped: the server went away while the export was stopping in {job.phase}", details=details
-        )
-        return
-    service.transition(
-        job.id,
-        "error",
-        "The server stopped while this export was running",
-        error=f"The server stopped while this export was in {job.phase}; its unfinished files were removed."
-        " Start the export again (POST /export/start with the same job_id and format).",
-        details={**details, "error_code": "server_restarted"},
-    )
+    _end_unrequeued(service, job, "export", "; its unfinished files were removed. Start the export again"
+                    " (POST /export/start with the same job_id and format).")
 
 
 def _end_eval(service: JobService, job: JobRecord) -> None:
-    """An evaluation that was running: as a training job, `stopped` if its stop had been asked for,
-    else `error` with `server_restarted`; not requeued (its answers were the dead server's to keep)."""
+    """An evaluation that was running: its answers were the dead server's to keep."""
+    _end_unrequeued(service, job, "evaluation", ". Start it again (POST /eval/start with the same models and suites);"
+                    " nothing of this one was kept.")
+
+
+def _end_unrequeued(service: JobService, job: JobRecord, what: str, advice: str) -> None:
+    """An export or evaluation the server left running, not queued again: as a training job, `stopped`
+    if its stop had been asked for, else `error` with `server_restarted` and `advice`."""
     details: dict[str, Any] = {"output_dir": job.output_dir}
     if job.stop_requested:
-        service.transition(
-            job.id, "stopped", f"Stopped: the server went away while the evaluation was stopping in {job.phase}", details=details
-        )
+        service.transition(job.id, "stopped", f"Stopped: the server went away while the {what} was stopping in {job.phase}",
+                           details=details)
         return
     service.transition(
         job.id,
         "error",
-        "The server stopped while this evaluation was running",
-        error=f"The server stopped while this evaluation was in {job.phase}. Start it again (POST /eval/start with the"
-        " same models and suites); nothing of this one was kept.",
+        f"The server stopped while this {what} was running",
+        error=f"The server stopped while this {what} was in {job.phase}{advice}",
         details={**details, "error_code": "server_restarted"},
     )
 

@@ -218,6 +218,12 @@ class Supervisor:
         waiting = [j for j in self.service.store.queued_job_ids(kind) if j not in self._active]
         return {job_id: index + 1 for index, job_id in enumerate(waiting)}
 
+    def active(self) -> list[tuple[str, str, Optional[int]]]:
+        """(kind, id, child pid or None) of each job running now."""
+        return [
+            (job.kind, job.job_id, job.handle.pid if job.handle is not None else None) for job in self._active.values()
+        ]
+
     async def _schedule_forever(self) -> None:
         while True:
             await self._wake.wait()

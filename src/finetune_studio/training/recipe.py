@@ -27,7 +27,7 @@ from finetune_studio.child.precision import decide_precision
 from finetune_studio.cuda_features import bitsandbytes_works, usable_optim
 from finetune_studio.hardware import PrecisionChoice
 from finetune_studio.schemas import Phase, TrainingStartRequest, method_of
-from finetune_studio.wire import JobFolder, WorkerSpec, last_checkpoint
+from finetune_studio.wire import COMPILE_CACHE_DIR_ENV, DataDir, JobFolder, WorkerSpec, last_checkpoint
 
 if TYPE_CHECKING:  # transformers is imported only once the job has announced loading_model
     from transformers import EarlyStoppingCallback
@@ -68,6 +68,10 @@ class Recipe:
         if self.request.gpu_ids:
             # Must be set before torch first looks at CUDA.
             os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in self.request.gpu_ids)
+        # torch.compile's caches under the data dir (training/compilation.py), unless the user's
+        # environment names its own; read by inductor when it first compiles.
+        for name, value in DataDir.of_jobs(self.jobs_dir).compile_environment().items():
+            os.environ.setdefault(name, value)
 
     @property
     def method(self) -> str:
@@ -118,6 +122,7 @@ class Recipe:
 
         self.enter("configuring", "Preparing the trainer")
         trainer = self.build_trainer(model, tokenizer, train_data, eval_data)
+        self.attach_compilation(trainer)
         if trainer.is_world_process_zero():  # data-parallel workers (Ray) share one job folder: one writes
             self.write_job_file(source)
         self.stop.check()
@@ -446,6 +451,33 @@ class Recipe:
                     f"target_modules {request.target_modules} do not match this model's layers: {text.splitlines()[0]}",
                 ) from None
             raise
+
+    def attach_compilation(self, trainer: Any) -> None:
+        """The request's `compile` (training/compilation.py): decided now (true, false) or
+        after the first steps (auto), in `details.compile`."""
+        import torch
+
+        from finetune_studio.training.compilation import RECORDS_FILE, Compilation
+        from finetune_studio.training.throughput import device_name
+
+        request = self.request
+        cuda = torch.cuda.is_available()
+        config = getattr(trainer.model, "config", None)
+        if config is not None and hasattr(config, "get_text_config"):
+            config = config.get_text_config(decoder=True)
+        layers = int(getattr(config, "num_hidden_layers", 0) or 0)
+        dtype = self.precision.dtype if self.precision is not None else "fp32"
+        shape = (f"torch {torch.__version__} | {device_name(cuda)} | {request.model_name}"
+                 f" ({self.facts.get('model_parameters')} parameters) | {request.training_method} {self.method} | {dtype}"
+                 f" | batch {request.batch_size} x {request.max_seq_length}"
+                 + (" | gradient checkpointing" if self.gradient_checkpointing else ""))
+        compilation = Compilation(
+            request.compile, cuda=cuda, layers=layers, shape_key=shape,
+            records=Path(os.environ.get(COMPILE_CACHE_DIR_ENV) or DataDir.of_jobs(self.jobs_dir).compile_cache) / RECORDS_FILE,
+            facts=self.facts, warn=self.channel.warn,
+            say=lambda text: self.channel.status("training", text, details=self.details()),
+        )
+        compilation.attach(trainer)
 
     def utilization(self, cuda: bool) -> Optional[Utilization]:
         """What each step's `mfu` is measured against: the device's peak in the job's dtype

@@ -7,6 +7,8 @@
 //   joblist.js   the list of runs
 //   jobview.js   the run shown: its feed (feed.js, sse.js, history.js) and parts
 //   chat.js      the chat with a run (chatlog.js, chatstream.js, conversations.js)
+//   evaluation.js an evaluation: its progress, results table (evaltable.js) and samples (evalrows.js);
+//                evalpanel.js starts one from a run's view and lists the run's evaluations
 //   form.js      the start form (fields.js: every field of the request; upload.js: data files)
 //   runtools.js  a run's settings, Run again, Resume, Rename, Delete
 //   settings.js  the API token dialog
@@ -16,6 +18,7 @@
 //   format.js    words and numbers for people (phases, durations, metrics, sizes)
 
 import { ChatView } from "./chat.js";
+import { EvalView } from "./evaluation.js";
 import { deleteJobHistory, HistoryWriter, openHistory } from "./history.js";
 import { StartForm } from "./form.js";
 import { JobsIndex } from "./jobs.js";
@@ -52,27 +55,35 @@ async function main() {
       const route = currentRoute();
       renderJobList(jobs, view.jobId || route.chat);
       // Nothing chosen yet: show the newest run.
-      if (!route.job && !route.chat && jobs.list.length && !view.jobId) {
+      if (!route.job && !route.chat && !route.evaluation && jobs.list.length && !view.jobId) {
         replaceRoute(jobs.list[0].job_id);
         showRoute();
       }
       if (view.jobId) view.schedule();
       if (chat.jobId) chat.schedule();
+      if (evaluation.evalId) evaluation.namesChanged();
     },
     onServerState: renderServerState,
   });
   const view = new JobView(document.getElementById("job-view"), { writer, jobs });
   const chat = new ChatView(document.getElementById("chat-view"), { jobs });
+  const evaluation = new EvalView(document.getElementById("eval-view"), { jobs });
 
   function showRoute() {
-    const { job, compare, chat: chatJob, compareBase } = currentRoute();
-    document.body.dataset.view = chatJob ? "chat" : "job";
-    document.getElementById("no-job").hidden = Boolean(job || chatJob);
-    if (chatJob) {
+    const { job, compare, chat: chatJob, compareBase, evaluation: evalId } = currentRoute();
+    document.body.dataset.view = evalId ? "eval" : chatJob ? "chat" : "job";
+    document.getElementById("no-job").hidden = Boolean(job || chatJob || evalId);
+    if (evalId) {
+      view.hide();
+      chat.hide();
+      evaluation.show(evalId);
+    } else if (chatJob) {
+      evaluation.hide();
       view.hide();
       chat.show(chatJob, compareBase).catch((error) => console.error("could not open the chat", error));
     } else {
       chat.hide();
+      evaluation.hide();
       if (job) view.show(job, compare);
       else view.hide();
     }

@@ -3,12 +3,14 @@
 // (jobhead.js), a Ray run's cluster line (cluster.js), the phase timeline
 // (timeline.js), progress tiles (progress.js), error/warning/output panels
 // (alerts.js), charts (runcharts.js), the compare
-// select (compare.js) and the stream state (streamstate.js).
+// select (compare.js), the export and evaluation panels (export.js, evalpanel.js) and
+// the stream state (streamstate.js).
 
 import { api, ApiError } from "./api.js";
 import { renderAlerts } from "./alerts.js";
 import { renderCluster } from "./cluster.js";
 import { CompareSelect } from "./compare.js";
+import { EvalPanel } from "./evalpanel.js";
 import { EvalSamples } from "./evalsamples.js";
 import { ExportPanel } from "./export.js";
 import { JobFeed } from "./feed.js";
@@ -41,6 +43,7 @@ export class JobView {
     this.evalSamples = new EvalSamples(root); // evalsamples.js: the answers at the latest evaluation
     this.methodCharts = new MethodCharts(root); // methodcharts.js: dpo's margins, grpo's rewards... beside the loss
     this.exportPanel = new ExportPanel(root); // export.js: shown for a job with a result
+    this.evalPanel = new EvalPanel(root, { jobs }); // evalpanel.js: "Evaluate against its base", its evaluations
   }
 
   get jobId() {
@@ -57,6 +60,7 @@ export class JobView {
       this.stopError = null;
       this.feed = this.openFeed(jobId);
       this.exportPanel.show(jobId);
+      this.evalPanel.show(jobId);
       if (this.tools) this.tools.show(jobId);
     }
     const wanted = compareId && compareId !== jobId ? compareId : null;
@@ -75,6 +79,7 @@ export class JobView {
     this.compare = null;
     this.timeline.stop();
     this.exportPanel.hide();
+    this.evalPanel.hide();
     this.root.hidden = true;
   }
 
@@ -142,5 +147,7 @@ export class JobView {
     this.stopButton.textContent = this.stopping && !finished ? "Stopping…" : "Stop";
     if (this.tools) this.tools.render(feed.status || this.jobs.statusOf(feed.jobId), phase);
     this.exportPanel.render(phase, feed.status || this.jobs.statusOf(feed.jobId));
+    // The list's status carries what is joined when read (details.eval); the stream's does not.
+    this.evalPanel.render(phase, feed.status || this.jobs.statusOf(feed.jobId), this.jobs.statusOf(feed.jobId));
   }
 }

@@ -9,3 +9,6 @@ export const RESULT_PHASES = {"completed": [], "stopped": ["adapter_dir", "model
 // The model id that names a training job's base model alone: this prefix and the job's id
 // (an evaluation's `models`, GET /v1/models): schemas.BASE_MODEL_PREFIX.
 export const BASE_MODEL_PREFIX = "base:";
+
+// The most per-sample rows one GET /eval/results/{id}/samples answers: schemas.MAX_EVAL_SAMPLE_PAGE.
+export const MAX_EVAL_SAMPLE_PAGE = 1000;

@@ -57,7 +57,8 @@ export const connectionLog = [];
  * onEvent({id, kind, data}) gets each event once, in id order. onState({state, ...})
  * reports: connecting, live, reconnecting (attempt, delayMs, reason), unauthorized,
  * gone (404, or 416: a cursor past the job's last event), ended (terminal status seen), closed.
- * `prefix` "export" follows an export's stream (export/stream/ID) instead of a training job's.
+ * `prefix` "export" follows an export's stream (export/stream/ID), "eval" an evaluation's
+ * (eval/stream/ID), instead of a training job's.
  */
 export class JobStream {
   constructor(jobId, { lastEventId = 0, onEvent, onState, prefix = "train" }) {

@@ -29,6 +29,7 @@ from finetune_studio.api.request_scoped import RequestScopedRoute, request_scope
 from finetune_studio.api.served_models import resolve_model, served_models
 from finetune_studio.api.streaming import BoundedEventStream
 from finetune_studio.errors import InferenceUnavailable, InvalidChatRequest, ModelNotFound, OpenAIError
+from finetune_studio.jobs.counters import Counters
 from finetune_studio.openai_wire import (
     AssistantMessage,
     ChatCompletion,
@@ -58,12 +59,12 @@ log = logging.getLogger("finetune_studio.chat")
 LLAMA_BUILD_POLL_SECONDS = 2.0
 LLAMA_BUILD_WAIT_SECONDS = 30 * 60.0
 
-_ERRORS: Responses = {
+OPENAI_ERRORS: Responses = {
     status.HTTP_400_BAD_REQUEST: {"model": ErrorResponse, "description": "A bad parameter; `error.param` names it"},
     status.HTTP_404_NOT_FOUND: {"model": ErrorResponse, "description": "No such model, or a job with nothing to serve yet"},
     status.HTTP_503_SERVICE_UNAVAILABLE: {"model": ErrorResponse, "description": "The inference process died; the message says why"},
 }
-_STREAM: Responses = {
+CHAT_STREAM: Responses = {
     status.HTTP_200_OK: {
         "description": "A `chat.completion`, or with `stream: true` Server-Sent Events: `data: <chat.completion.chunk>`"
         " lines closed by `data: [DONE]`",
@@ -80,10 +81,11 @@ async def list_models(studio: StudioDep) -> ModelList:
     return ModelList(data=served_models(studio.service.store))
 
 
-@router.post("/chat/completions", response_model=ChatCompletion, responses={**_STREAM, **_ERRORS})
+@router.post("/chat/completions", response_model=ChatCompletion, responses={**CHAT_STREAM, **OPENAI_ERRORS})
 @request_scoped
 async def chat_completions(body: ChatCompletionRequest, studio: StudioDep) -> Response:
     """OpenAI's chat completion over a trained job or a base model. `temperature: 0` is greedy."""
+    Counters.bump(studio.service.counters.chat_requests, "true" if body.stream else "false")
     model = resolve_model(studio.service.store, body.model)
     params: SamplingParams = {
         "temperature": 1.0 if body.temperature is None else body.temperature,
@@ -101,11 +103,10 @@ async def chat_completions(body: ChatCompletionRequest, studio: StudioDep) -> Re
     streaming = False
     try:
         started = await generation.next()
-        _raise_if_failed(started)
+        raise_if_failed(started)
         created = int(time.time())
         if body.stream:
-            include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            chunks = _chunks(generation, body.model, created, int(started.get("prompt_tokens", 0)), include_usage,
+            chunks = _chunks(generation, body.model, created, int(started.get("prompt_tokens", 0)), body.include_usage,
                              bool(body.logprobs))
             response = BoundedEventStream(
                 chunks,
@@ -145,15 +146,15 @@ async def _collect(generation: Generation, model: str, created: int, started: di
         message = await generation.next()
         kind = message.get("type")
         if kind == "delta":
-            parts.append(_text(message))
+            parts.append(answer_text(message))
             tokens += _logprobs(message)
         elif kind == "done":
-            choice = Choice(message=AssistantMessage(content="".join(parts)), finish_reason=_finish(message),
+            choice = Choice(message=AssistantMessage(content="".join(parts)), finish_reason=finish_reason(message),
                             logprobs=ChoiceLogprobs(content=tokens) if logprobs else None)
             return ChatCompletion(id=generation.id, created=created, model=model, choices=[choice],
-                                  usage=_usage(message, started))
+                                  usage=usage_of(message, started))
         else:
-            _raise_if_failed(message)
+            raise_if_failed(message)
 
 
 async def _chunks(
@@ -168,22 +169,19 @@ async def _chunks(
         message = await generation.next()
         kind = message.get("type")
         if kind == "delta":
-            text = _text(message)
+            text = answer_text(message)
             tokens = _logprobs(message)
             if text or tokens:  # a token whose text is held back still has its logprob
                 yield chunk(Delta(content=text), tokens=tokens if logprobs else None)
         elif kind == "done":
-            yield chunk(Delta(), _finish(message))
+            yield chunk(Delta(), finish_reason(message))
             if include_usage:
-                usage = _usage(message, {"prompt_tokens": prompt_tokens})
+                usage = usage_of(message, {"prompt_tokens": prompt_tokens})
                 yield _sse(ChatCompletionChunk(id=generation.id, created=created, model=model, choices=[], usage=usage))
             yield DONE
             return
         elif kind in ("failed", "crashed"):
-            # Headers are sent: the error goes in the stream, as OpenAI does (the SDK raises it).
-            error = _error_of(message)
-            body = error_body(str(error), error.error_type, error.param, error.code)
-            yield b"data: " + json.dumps(body).encode() + b"\n\n"
+            yield error_line(message)
             return
 
 
@@ -197,7 +195,7 @@ def _sse(chunk: ChatCompletionChunk) -> bytes:
     return b"data: " + json.dumps(data, ensure_ascii=False).encode() + b"\n\n"
 
 
-def _text(delta: dict[str, Any]) -> str:
+def answer_text(delta: dict[str, Any]) -> str:
     # The child decodes with replacement characters; this holds whatever it sends (see text.py).
     return clean_text(str(delta.get("text") or ""))
 
@@ -214,18 +212,18 @@ def _logprobs(delta: dict[str, Any]) -> list[TokenLogprob]:
             for item in found if isinstance(item, dict)]
 
 
-def _finish(message: dict[str, Any]) -> FinishReason:
+def finish_reason(message: dict[str, Any]) -> FinishReason:
     return "length" if message.get("finish_reason") == "length" else "stop"
 
 
-def _usage(done: dict[str, Any], started: dict[str, Any]) -> Usage:
+def usage_of(done: dict[str, Any], started: dict[str, Any]) -> Usage:
     usage = done.get("usage") or {}
     prompt = int(usage.get("prompt_tokens", started.get("prompt_tokens", 0)))
     completion = int(usage.get("completion_tokens", 0))
     return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
 
 
-def _error_of(message: dict[str, Any]) -> OpenAIError:
+def error_of(message: dict[str, Any]) -> OpenAIError:
     """The error a `failed` (from the child) or `crashed` (the child died) message stands for."""
     text = str(message.get("message") or "the inference process failed without saying why")
     if message.get("type") == "crashed":
@@ -242,8 +240,16 @@ def _error_of(message: dict[str, Any]) -> OpenAIError:
     return OpenAIError(text, param=param, code=str(code) if code else None)
 
 
-def _raise_if_failed(message: dict[str, Any]) -> None:
+def error_line(message: dict[str, Any]) -> bytes:
+    """A `failed` or `crashed` message as the last line of a stream: its headers are sent, so
+    the error goes in the stream, as OpenAI does (the SDK raises it)."""
+    error = error_of(message)
+    body = error_body(str(error), error.error_type, error.param, error.code)
+    return b"data: " + json.dumps(body).encode() + b"\n\n"
+
+
+def raise_if_failed(message: dict[str, Any]) -> None:
     if message.get("type") in ("failed", "crashed"):
-        raise _error_of(message)
+        raise error_of(message)
     if message.get("type") != "started":
         raise OpenAIError(f"the inference process answered {message.get('type')!r} where it should have started the request")

@@ -20,7 +20,6 @@ import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Optional
-from urllib.parse import urlsplit
 
 from fastapi import APIRouter, Query, Request, Response, status
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -37,7 +36,9 @@ from finetune_studio.api.served_models import resolve_model
 from finetune_studio.config import Settings
 from finetune_studio.errors import JobNotFound, ModelNotFound, PathNotAllowed, QueueFull, StartRefused, StudioError
 from finetune_studio.jobs.store import JobRecord, JobStore
+from finetune_studio.outbound import name_problem
 from finetune_studio.schemas import (
+    MAX_EVAL_SAMPLE_PAGE,
     EvalJobResponse,
     EvalList,
     EvalResults,
@@ -54,7 +55,6 @@ from finetune_studio.schemas import (
 router = APIRouter(prefix="/eval", tags=["evaluation"])
 
 SERVER_PREFIX = "FINETUNE_STUDIO_"
-MAX_SAMPLE_PAGE = 1000
 
 _NOT_FOUND: Responses = {status.HTTP_404_NOT_FOUND: {"description": "No evaluation has this id"}}
 _REFUSED: Responses = {
@@ -136,14 +136,13 @@ def check_judge(suite: JudgeSuite, settings: Settings, store: JobStore, at: str)
                 f"{at}.judge.model: {exc} (an external judge needs judge.base_url)", field=f"{at}.judge.model"
             ) from None
         return
-    host = (urlsplit(judge.base_url).hostname or "").lower()
-    if not settings.is_loopback() and host not in settings.judge_allowed_hosts:
-        allowed = ", ".join(settings.judge_allowed_hosts) or "none"
-        raise PathNotAllowed(
-            f"{at}.judge.base_url: {host} is not a host this server lets a judge be reached at ({allowed}). The server"
-            " is reachable from the network; the operator lists judges' hosts in FINETUNE_STUDIO_JUDGE_ALLOWED_HOSTS",
-            field=f"{at}.judge.base_url",
-        )
+    # The server's one outbound rule (outbound.py), as webhooks obey it; the judge's child reaches the host.
+    problem = name_problem(
+        judge.base_url, allowed=settings.judge_allowed_hosts, exposed=not settings.is_loopback(), what="a judge",
+        setting="FINETUNE_STUDIO_JUDGE_ALLOWED_HOSTS",
+    )
+    if problem:
+        raise PathNotAllowed(f"{at}.judge.base_url: {problem}", field=f"{at}.judge.base_url")
 
 
 def _inside(field: str, name: str, roots: Optional[list[Path]]) -> Path:
@@ -311,7 +310,7 @@ async def eval_samples(
     studio: StudioDep,
     suite: Annotated[Optional[str], Query(max_length=200, description="Only this suite's samples")] = None,
     offset: Annotated[int, Query(ge=0, le=2**31, description="Rows to skip")] = 0,
-    limit: Annotated[int, Query(ge=1, le=MAX_SAMPLE_PAGE, description=f"Rows a page holds (1 to {MAX_SAMPLE_PAGE})")] = 100,
+    limit: Annotated[int, Query(ge=1, le=MAX_EVAL_SAMPLE_PAGE, description=f"Rows a page holds (1 to {MAX_EVAL_SAMPLE_PAGE})")] = 100,
 ) -> EvalSamplePage:
     """Per-sample rows: each sample's prompt, reference, every model's answer and scores (and the judge's verdicts)."""
     evaluation = await _eval(eval_id, studio)
