@@ -36,7 +36,15 @@ from finetune_studio.cli.follow import (
     follow_until_done,
     how_it_ended,
 )
-from finetune_studio.cli.progress import AnyView, BarView, JsonLinesView, LinesView, format_seconds, make_view
+from finetune_studio.cli.progress import (
+    AnyView,
+    BarView,
+    JsonLinesView,
+    LinesView,
+    format_seconds,
+    make_view,
+    percent_and_eta,
+)
 from finetune_studio.cli.train import Reached
 
 BASE_PREFIX = "base:"  # schemas.BASE_MODEL_PREFIX, written out so that parsing the flags imports no pydantic
@@ -98,20 +106,13 @@ def eval_request(args: argparse.Namespace) -> dict[str, Any]:
     return body
 
 
-def _progress_line(progress: dict[str, Any]) -> str:
-    """'samples 12/40  30.0%  heldout  base:abc  eta 00:12'."""
-    where = "  ".join(str(part) for part in (progress.get("suite"), progress.get("model")) if part)
-    return (
-        f"samples {progress['step']}/{progress['total_steps']}  {float(progress['progress_percent']):5.1f}%"
-        f"{f'  {where}' if where else ''}  eta {format_seconds(progress.get('eta_seconds'))}"
-    )
-
-
 class EvalLinesView(LinesView):
     """Plain lines: every status, and a progress line every `every_seconds` and at the last sample."""
 
     def line(self, progress: dict[str, Any]) -> str:
-        return _progress_line(progress)
+        """'samples 12/40  30.0%  heldout  base:abc  eta 00:12'."""
+        where = "".join(f"  {part}" for part in (progress.get("suite"), progress.get("model")) if part)
+        return f"samples {progress['step']}/{progress['total_steps']}{percent_and_eta(progress, before=where)}"
 
 
 class EvalLiveView(BarView):

@@ -36,7 +36,15 @@ from finetune_studio.cli.follow import (
     follow_until_done,
     how_it_ended,
 )
-from finetune_studio.cli.progress import AnyView, BarView, JsonLinesView, LinesView, format_seconds, make_view
+from finetune_studio.cli.progress import (
+    AnyView,
+    BarView,
+    JsonLinesView,
+    LinesView,
+    format_seconds,
+    make_view,
+    percent_and_eta,
+)
 from finetune_studio.cli.train import Reached
 
 
@@ -50,21 +58,14 @@ def export_requests(args: argparse.Namespace) -> list[dict[str, Any]]:
     return requests
 
 
-def _stage_line(progress: dict[str, Any]) -> str:
-    """'converting model-f16.gguf 120/272 tensors  44.1%  eta 00:12' (the percent is the whole export's)."""
-    unit = "layers" if progress.get("stage") == "merging" else "tensors"
-    where = f" {progress['file']}" if progress.get("file") else ""
-    return (
-        f"{progress['stage']}{where} {progress['done']}/{progress['total']} {unit}"
-        f"  {float(progress['progress_percent']):5.1f}%  eta {format_seconds(progress.get('eta_seconds'))}"
-    )
-
-
 class ExportLinesView(LinesView):
     """Plain lines: every status, and a progress line every `every_seconds` and at each file's end."""
 
     def line(self, progress: dict[str, Any]) -> str:
-        return _stage_line(progress)
+        """'converting model-f16.gguf 120/272 tensors  44.1%  eta 00:12' (the percent is the whole export's)."""
+        unit = "layers" if progress.get("stage") == "merging" else "tensors"
+        where = f" {progress['file']}" if progress.get("file") else ""
+        return f"{progress['stage']}{where} {progress['done']}/{progress['total']} {unit}{percent_and_eta(progress)}"
 
     def is_last(self, progress: dict[str, Any]) -> bool:
         return bool(progress["done"] >= progress["total"])
