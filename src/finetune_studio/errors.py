@@ -51,15 +51,22 @@ class JobNotFinished(StudioError):
     status_code = 409
 
 
-class StartRefused(StudioError):
-    """`field`, when known, names the request field at fault: the answer carries it,
-    so a form can show the error beside that field."""
+class Refused(StudioError):
+    """A request refused for what it holds; `field`, when known, names the request field at
+    fault, so a form can show the error beside that field. `status_code` may say more than 400
+    (a target the server may not reach: 403)."""
 
     status_code = 400
 
-    def __init__(self, message: str, *, field: Optional[str] = None) -> None:
+    def __init__(self, message: str, *, field: Optional[str] = None, status_code: Optional[int] = None) -> None:
         super().__init__(message)
         self.field = field
+        if status_code is not None:
+            self.status_code = status_code
+
+
+class StartRefused(Refused):
+    """A start refused: the answer has the shape of a start's (`job_id`, `status`, `error`)."""
 
 
 class PathNotAllowed(StartRefused):
@@ -77,16 +84,9 @@ class WebhookNotFound(StudioError):
         super().__init__(f"no webhook {webhook_id!r}: GET /webhooks lists them")
 
 
-class WebhookRefused(StudioError):
-    """A registration this server will not take (`field` names the body field at fault):
-    400, or 403 for a target the server may not reach (outbound.py)."""
-
-    status_code = 400
-
-    def __init__(self, message: str, field: str = "", status_code: int = 400) -> None:
-        super().__init__(message)
-        self.field = field
-        self.status_code = status_code
+class WebhookRefused(Refused):
+    """A registration this server will not take: 400, or 403 for a target the server may not
+    reach (outbound.py)."""
 
 
 class InvalidTransition(StudioError):

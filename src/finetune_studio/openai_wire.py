@@ -18,7 +18,7 @@ from pydantic_core import PydanticCustomError
 
 from finetune_studio.paths import name_problem
 from finetune_studio.text import refuse_invalid_text
-from finetune_studio.wire import MAX_TOP_LOGPROBS
+from finetune_studio.wire import MAX_TOP_LOGPROBS, SamplingParams
 
 OWNED_BY = "finetune-studio"
 # The longest id a request may name (a file's is 29 characters: file- and 24 hex digits).
@@ -113,6 +113,21 @@ class _GenerationRequest(BaseModel):
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
+
+    @property
+    def token_limit(self) -> Optional[int]:
+        """The answer's tokens at most (None: the rest of the model's context)."""
+        raise NotImplementedError
+
+    def sampling(self) -> SamplingParams:
+        """How the chat child is to choose the tokens (temperature 1 and top_p 1 unless given)."""
+        return {
+            "temperature": 1.0 if self.temperature is None else self.temperature,
+            "top_p": 1.0 if self.top_p is None else self.top_p,
+            "max_tokens": self.token_limit,
+            "stop": self.stops,
+            "seed": self.seed,
+        }
 
 
 class ChatCompletionRequest(_GenerationRequest):

@@ -14,8 +14,8 @@ import * as fmt from "./format.js";
 import { isServable } from "./jobs.js";
 import { evalHash } from "./route.js";
 import { BASE_MODEL_PREFIX } from "./rules.js";
+import { FollowedJobs } from "./followed.js";
 import { renderScheduler } from "./schedule.js";
-import { JobStream } from "./sse.js";
 
 /** The suites the form asks for: a heldout suite for a data file, an lm_eval one for task names. */
 export function formSuites(data, tasks, limit, maxTokens) {
@@ -32,7 +32,11 @@ export class EvalPanel {
   constructor(jobRoot, { jobs }) {
     this.jobs = jobs;
     this.jobId = null;
-    this.evals = new Map(); // eval id -> { status, progress, stream }
+    // eval id -> { status, progress, stream }, each followed while it runs
+    this.evals = new FollowedJobs("eval", (item, event) => {
+      if (event.kind === "progress") item.progress = event.data;
+      this.schedule();
+    });
     this.loaded = null;
     this.busy = false;
     this.error = null; // { lines, field } of a refused start
@@ -70,9 +74,8 @@ export class EvalPanel {
 
   show(jobId) {
     if (jobId === this.jobId) return;
-    this.closeStreams();
-    this.jobId = jobId;
     this.evals.clear();
+    this.jobId = jobId;
     this.loaded = null;
     this.error = null;
     this.drawnKey = null;
@@ -80,13 +83,9 @@ export class EvalPanel {
   }
 
   hide() {
-    this.closeStreams();
+    this.evals.clear();
     this.jobId = null;
     this.root.hidden = true;
-  }
-
-  closeStreams() {
-    for (const item of this.evals.values()) if (item.stream) item.stream.close();
   }
 
   /** Called by the job view on each render: the run's phase, its status, and its status as the job list has it. */
@@ -125,26 +124,7 @@ export class EvalPanel {
   }
 
   track(status) {
-    let item = this.evals.get(status.eval_id);
-    if (!item) {
-      item = { status, progress: null, stream: null };
-      this.evals.set(status.eval_id, item);
-    }
-    if (!fmt.TERMINAL.has(status.phase) && !item.stream) {
-      item.stream = new JobStream(status.eval_id, {
-        prefix: "eval",
-        onEvent: (event) => {
-          if (event.kind === "status") {
-            item.status = event.data;
-            if (fmt.TERMINAL.has(event.data.phase)) item.stream = null;
-          } else if (event.kind === "progress") {
-            item.progress = event.data;
-          }
-          this.schedule();
-        },
-      }).start();
-    }
-    return item;
+    return this.evals.track(status.eval_id, status, () => ({ progress: null }));
   }
 
   async start() {
@@ -198,7 +178,7 @@ export class EvalPanel {
       else input.removeAttribute("aria-invalid");
     }
     // Redrawn only when what they show changed: a link under the pointer stays put.
-    const items = [...this.evals.entries()].reverse();
+    const items = this.evals.newestFirst();
     const key = JSON.stringify([this.summary(), items.map(([id, item]) => [id, item.status, item.progress])]);
     if (key === this.drawnKey) return;
     this.drawnKey = key;

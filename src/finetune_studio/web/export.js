@@ -11,8 +11,8 @@
 import { api, ApiError, authHeaders } from "./api.js";
 import { el } from "./dom.js";
 import { bytes, errorHeadline, phaseLabel, TERMINAL } from "./format.js";
+import { FollowedJobs } from "./followed.js";
 import { renderScheduler } from "./schedule.js";
-import { JobStream } from "./sse.js";
 
 const FORMATS = [
   ["gguf", "GGUF: llama.cpp, Ollama, LM Studio"],
@@ -50,7 +50,8 @@ export class ExportPanel {
   constructor(jobRoot) {
     this.jobId = null;
     this.hasAdapter = true;
-    this.exports = new Map(); // export id -> { status, stages: {stage: progress}, percent, stream }
+    // export id -> { status, stages: {stage: progress}, percent, stream, ... }, each followed while it runs
+    this.exports = new FollowedJobs("export", (item, event) => this.onEvent(item, event));
     this.loaded = null; // the job whose exports were loaded
     this.schedule = renderScheduler(() => this.draw()); // draw() at most once a frame
     this.error = null; // { headline, lines } of a refused start
@@ -105,22 +106,17 @@ export class ExportPanel {
   /** Show the panel's part of a job: its exports are loaded when it is one that can be exported. */
   show(jobId) {
     if (jobId === this.jobId) return;
-    this.closeStreams();
-    this.jobId = jobId;
     this.exports.clear();
+    this.jobId = jobId;
     this.loaded = null;
     this.error = null;
     this.list.replaceChildren();
   }
 
   hide() {
-    this.closeStreams();
+    this.exports.clear();
     this.jobId = null;
     this.root.hidden = true;
-  }
-
-  closeStreams() {
-    for (const item of this.exports.values()) if (item.stream) item.stream.close();
   }
 
   /** Called by the job view on each render with the training job's phase and status. */
@@ -158,25 +154,11 @@ export class ExportPanel {
 
   /** Remember an export and follow it while it runs. */
   track(status) {
-    let item = this.exports.get(status.export_id);
-    if (!item) {
-      item = { status, stages: {}, percent: null, stream: null, copied: null, downloadError: null };
-      this.exports.set(status.export_id, item);
-    }
-    if (!TERMINAL.has(status.phase) && !item.stream) {
-      item.stream = new JobStream(status.export_id, {
-        prefix: "export",
-        onEvent: (event) => this.onEvent(item, event),
-      }).start();
-    }
-    return item;
+    return this.exports.track(status.export_id, status, () => ({ stages: {}, percent: null, copied: null, downloadError: null }));
   }
 
   onEvent(item, event) {
-    if (event.kind === "status") {
-      item.status = event.data;
-      if (TERMINAL.has(event.data.phase)) item.stream = null;
-    } else if (event.kind === "progress") {
+    if (event.kind === "progress") {
       item.stages[event.data.stage] = event.data;
       item.percent = event.data.progress_percent;
     }
@@ -231,7 +213,7 @@ export class ExportPanel {
       this.errorBox.replaceChildren(el("strong", this.error.headline),
         ...this.error.lines.map((line) => el("div", line)));
     }
-    const items = [...this.exports.entries()].reverse();
+    const items = this.exports.newestFirst();
     this.list.replaceChildren(...items.map(([id, item]) => this.drawItem(id, item)));
   }
 

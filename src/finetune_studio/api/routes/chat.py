@@ -49,7 +49,7 @@ from finetune_studio.openai_wire import (
 )
 from finetune_studio.supervisor.inference import Generation
 from finetune_studio.text import clean_text
-from finetune_studio.wire import ModelRef, SamplingParams
+from finetune_studio.wire import ModelRef
 
 router = APIRouter(prefix="/v1", tags=["openai"], route_class=RequestScopedRoute)
 DONE = b"data: [DONE]\n\n"
@@ -87,13 +87,7 @@ async def chat_completions(body: ChatCompletionRequest, studio: StudioDep) -> Re
     """OpenAI's chat completion over a trained job or a base model. `temperature: 0` is greedy."""
     Counters.bump(studio.service.counters.chat_requests, "true" if body.stream else "false")
     model = resolve_model(studio.service.store, body.model)
-    params: SamplingParams = {
-        "temperature": 1.0 if body.temperature is None else body.temperature,
-        "top_p": 1.0 if body.top_p is None else body.top_p,
-        "max_tokens": body.token_limit,
-        "stop": body.stops,
-        "seed": body.seed,
-    }
+    params = body.sampling()
     if body.logprobs:
         params["logprobs"] = True
         params["top_logprobs"] = body.top_logprobs or 0

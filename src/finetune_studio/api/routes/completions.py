@@ -52,7 +52,6 @@ from finetune_studio.api.streaming import BoundedEventStream
 from finetune_studio.openai_wire import Completion, CompletionChoice, CompletionLogprobs, CompletionRequest, Usage
 from finetune_studio.supervisor.inference import Generation
 from finetune_studio.text import clean_text
-from finetune_studio.wire import SamplingParams
 
 router = APIRouter(prefix="/v1", tags=["openai"], route_class=RequestScopedRoute)
 SEEDS = 2**64  # seeds run 0 to SEEDS - 1; choice j of a prompt draws with seed + j
@@ -72,13 +71,7 @@ async def completions(body: CompletionRequest, studio: StudioDep) -> Response:
     """OpenAI's completions over a trained job or a base model: `echo` with `logprobs` gives the
     prompt's own log-probabilities (what lm-evaluation-harness's `local-completions` asks)."""
     model = resolve_model(studio.service.store, body.model)
-    params: SamplingParams = {
-        "temperature": 1.0 if body.temperature is None else body.temperature,
-        "top_p": 1.0 if body.top_p is None else body.top_p,
-        "max_tokens": body.token_limit,
-        "stop": body.stops,
-        "seed": body.seed,
-    }
+    params = body.sampling()
     if body.logprobs is not None:
         params["logprobs"] = params["eos_logprobs"] = True
         params["top_logprobs"] = body.logprobs
