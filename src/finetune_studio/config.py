@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
-from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from finetune_studio.errors import UnsafeSettings
@@ -75,6 +75,25 @@ def server_name(entry: str) -> str:
     return name
 
 
+def listed(description: str, *, what: str = "names", separator: str = ",") -> Any:
+    """A list setting's field: empty by default, written in the environment as `what` separated
+    by `separator` or as a JSON list (`Settings._split` reads both)."""
+    return Field(
+        default_factory=list,
+        description=f"{description} In the environment: {what} separated by '{separator}' (or a JSON list).",
+    )
+
+
+def split_list(value: Any, separator: str) -> Any:
+    """A list setting from the environment: a JSON list, or items separated by `separator` (blank ones dropped)."""
+    if isinstance(value, str):
+        text = value.strip()
+        if text.startswith("["):
+            return json.loads(text)
+        return [part.strip() for part in text.split(separator) if part.strip()]
+    return value
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="FINETUNE_STUDIO_", extra="ignore")
 
@@ -89,28 +108,18 @@ class Settings(BaseSettings):
     max_concurrent_evals: int = Field(
         default=1, ge=1, description="Evaluations that run at the same time, beside training and exports (slots of their own)."
     )
-    judge_key_envs: Annotated[list[str], NoDecode] = Field(
-        default_factory=list,
-        description=(
-            "Names of the server's environment variables an evaluation's external judge may take its API key from"
-            " (`api_key_env`); none may be a FINETUNE_STUDIO_* variable. In the environment: names separated by ','"
-            " (or a JSON list)."
-        ),
+    judge_key_envs: Annotated[list[str], NoDecode] = listed(
+        "Names of the server's environment variables an evaluation's external judge may take its API key from "
+        "(`api_key_env`); none may be a FINETUNE_STUDIO_* variable.",
     )
-    judge_allowed_hosts: Annotated[list[str], NoDecode] = Field(
-        default_factory=list,
-        description=(
-            "Hosts an exposed server lets an evaluation's judge `base_url` name (a loopback server lets it name any)."
-            " In the environment: names separated by ',' (or a JSON list)."
-        ),
+    judge_allowed_hosts: Annotated[list[str], NoDecode] = listed(
+        "Hosts an exposed server lets an evaluation's judge `base_url` name (a loopback server lets it name "
+        "any).",
     )
-    webhook_allowed_hosts: Annotated[list[str], NoDecode] = Field(
-        default_factory=list,
-        description=(
-            "Hosts an exposed server sends webhooks to (a loopback server sends them anywhere): names, addresses or"
-            " networks (10.0.0.0/8). A loopback, private or link-local address is refused unless it (or its network)"
-            " is listed too. In the environment: entries separated by ',' (or a JSON list)."
-        ),
+    webhook_allowed_hosts: Annotated[list[str], NoDecode] = listed(
+        "Hosts an exposed server sends webhooks to (a loopback server sends them anywhere): names, addresses "
+        "or networks (10.0.0.0/8). A loopback, private or link-local address is refused unless it (or its "
+        "network) is listed too.", what="entries",
     )
     webhook_retry_seconds: Annotated[list[float], NoDecode] = Field(
         default_factory=lambda: [5.0, 300.0, 1800.0, 7200.0, 18000.0, 36000.0, 36000.0],
@@ -165,21 +174,14 @@ class Settings(BaseSettings):
     unload_chat_for_training: bool = Field(
         default=True, description="When a training job starts, the chat child unloads its models to free the memory."
     )
-    allowed_roots: Annotated[list[Path], NoDecode] = Field(
-        default_factory=list,
-        description=(
-            "Folders that every model, dataset and output path of a request must lie under. When empty, any path"
-            " may be named on loopback, and only paths under the data directory when the server is exposed."
-            " In the environment: folders separated by ':' (or a JSON list)."
-        ),
+    allowed_roots: Annotated[list[Path], NoDecode] = listed(
+        "Folders that every model, dataset and output path of a request must lie under. When empty, any path "
+        "may be named on loopback, and only paths under the data directory when the server is exposed.",
+        what="folders", separator=":",
     )
-    server_names: Annotated[list[str], NoDecode] = Field(
-        default_factory=list,
-        description=(
-            "Host names a loopback server answers besides 127.0.0.1, [::1], localhost and *.localhost (a request"
-            " addressed to any other name gets 421: a web page's DNS rebinding). An exposed server checks no name."
-            " In the environment: names separated by ',' (or a JSON list)."
-        ),
+    server_names: Annotated[list[str], NoDecode] = listed(
+        "Host names a loopback server answers besides 127.0.0.1, [::1], localhost and *.localhost (a request "
+        "addressed to any other name gets 421: a web page's DNS rebinding). An exposed server checks no name.",
     )
     max_request_bytes: int = Field(default=1 * MiB, ge=1024, description="Largest request body accepted (413 beyond).")
     max_dataset_bytes: int = Field(default=1024 * MiB, ge=1, description="Largest dataset file a job may name.")
@@ -230,40 +232,16 @@ class Settings(BaseSettings):
             self.max_concurrent_jobs = RAY_CONCURRENT_JOBS
         return self
 
-    @field_validator("allowed_roots", mode="before")
-    @classmethod
-    def _split_roots(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            text = value.strip()
-            if text.startswith("["):
-                return json.loads(text)
-            return [part for part in text.split(os.pathsep) if part.strip()]
-        return value
-
-    @field_validator("server_names", mode="before")
-    @classmethod
-    def _split_names(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            text = value.strip()
-            if text.startswith("["):
-                return json.loads(text)
-            return [part for part in text.split(",") if part.strip()]
-        return value
-
     @field_validator("server_names")
     @classmethod
     def _names_are_host_names(cls, names: list[str]) -> list[str]:
         return [server_name(name) for name in names]
 
-    @field_validator("judge_key_envs", "judge_allowed_hosts", "webhook_allowed_hosts", "webhook_retry_seconds", mode="before")
+    @field_validator("judge_key_envs", "judge_allowed_hosts", "webhook_allowed_hosts", "webhook_retry_seconds",
+                     "server_names", "allowed_roots", mode="before")
     @classmethod
-    def _split_commas(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            text = value.strip()
-            if text.startswith("["):
-                return json.loads(text)
-            return [part.strip() for part in text.split(",") if part.strip()]
-        return value
+    def _split(cls, value: Any, info: ValidationInfo) -> Any:
+        return split_list(value, os.pathsep if info.field_name == "allowed_roots" else ",")
 
     @field_validator("judge_key_envs")
     @classmethod

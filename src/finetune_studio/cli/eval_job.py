@@ -36,15 +36,7 @@ from finetune_studio.cli.follow import (
     follow_until_done,
     how_it_ended,
 )
-from finetune_studio.cli.progress import (
-    AnyView,
-    BarView,
-    JsonLinesView,
-    LinesView,
-    format_seconds,
-    make_view,
-    percent_and_eta,
-)
+from finetune_studio.cli.progress import AnyView, BarView, JsonLinesView, LinesView, format_seconds, make_view
 from finetune_studio.cli.train import Reached
 
 BASE_PREFIX = "base:"  # schemas.BASE_MODEL_PREFIX, written out so that parsing the flags imports no pydantic
@@ -112,7 +104,7 @@ class EvalLinesView(LinesView):
     def line(self, progress: dict[str, Any]) -> str:
         """'samples 12/40  30.0%  heldout  base:abc  eta 00:12'."""
         where = "".join(f"  {part}" for part in (progress.get("suite"), progress.get("model")) if part)
-        return f"samples {progress['step']}/{progress['total_steps']}{percent_and_eta(progress, before=where)}"
+        return f"samples {progress['step']}/{progress['total_steps']}{self.percent_and_eta(progress, before=where)}"
 
 
 class EvalLiveView(BarView):

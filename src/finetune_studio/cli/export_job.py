@@ -36,15 +36,7 @@ from finetune_studio.cli.follow import (
     follow_until_done,
     how_it_ended,
 )
-from finetune_studio.cli.progress import (
-    AnyView,
-    BarView,
-    JsonLinesView,
-    LinesView,
-    format_seconds,
-    make_view,
-    percent_and_eta,
-)
+from finetune_studio.cli.progress import AnyView, BarView, JsonLinesView, LinesView, format_seconds, make_view
 from finetune_studio.cli.train import Reached
 
 
@@ -65,7 +57,7 @@ class ExportLinesView(LinesView):
         """'converting model-f16.gguf 120/272 tensors  44.1%  eta 00:12' (the percent is the whole export's)."""
         unit = "layers" if progress.get("stage") == "merging" else "tensors"
         where = f" {progress['file']}" if progress.get("file") else ""
-        return f"{progress['stage']}{where} {progress['done']}/{progress['total']} {unit}{percent_and_eta(progress)}"
+        return f"{progress['stage']}{where} {progress['done']}/{progress['total']} {unit}{self.percent_and_eta(progress)}"
 
     def is_last(self, progress: dict[str, Any]) -> bool:
         return bool(progress["done"] >= progress["total"])

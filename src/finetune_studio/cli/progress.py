@@ -85,11 +85,6 @@ def method_text(progress: dict[str, Any]) -> str:
     return "  ".join(shown)
 
 
-def percent_and_eta(progress: dict[str, Any], before: str = "") -> str:
-    """'  44.1%{before}  eta 00:12': the end of a plain progress line."""
-    return f"  {float(progress['progress_percent']):5.1f}%{before}  eta {format_seconds(progress.get('eta_seconds'))}"
-
-
 def progress_line(progress: dict[str, Any]) -> str:
     """One step's metrics as a line: 'step 15/60  25.0%  loss 2.3125  lr 2.00e-04  eta 01:15',
     with a method's figures after the loss ('loss 0.6931  margin 0.0123  acc 0.5'), then the
@@ -152,6 +147,11 @@ class LinesView:
         self.every_seconds = every_seconds
         self._status = StatusLines()
         self._last_line_at: Optional[float] = None
+
+    @staticmethod
+    def percent_and_eta(progress: dict[str, Any], before: str = "") -> str:
+        """'  44.1%{before}  eta 00:12': how a plain progress line ends."""
+        return f"  {float(progress['progress_percent']):5.1f}%{before}  eta {format_seconds(progress.get('eta_seconds'))}"
 
     def line(self, progress: dict[str, Any]) -> str:
         """A progress event as one line."""
