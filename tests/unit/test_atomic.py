@@ -247,3 +247,27 @@ def test_a_folder_is_built_aside_and_replaces_the_old_one_whole(tmp_path: Path) 
         (partial / "trainer_state.json").write_text("{}")
     assert (fresh / "trainer_state.json").read_text() == "{}"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["adapter", "checkpoint-3"]
+
+
+@pytest.mark.parametrize("flush", [True, False])
+def test_a_work_file_is_renamed_into_place_and_flushed_only_when_asked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, flush: bool
+) -> None:
+    # flush=False (an export's merged folder and 16-bit intermediate, removed after): the same
+    # rename, the same cleanup on failure, but no fsync of the data or of the folder.
+    from finetune_studio import atomic
+
+    flushed: list[Path] = []
+    monkeypatch.setattr(atomic, "_fsync", lambda path: flushed.append(Path(path)))
+    with write_atomically(tmp_path / "model-f16.gguf", flush=flush) as partial:
+        partial.write_bytes(b"gguf")
+    with save_atomically(tmp_path / "merged", flush=flush) as folder:
+        (folder / "model.safetensors").write_bytes(b"weights")
+    assert (tmp_path / "model-f16.gguf").read_bytes() == b"gguf"
+    assert (tmp_path / "merged" / "model.safetensors").read_bytes() == b"weights"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["merged", "model-f16.gguf"]
+    assert bool(flushed) is flush
+    with pytest.raises(RuntimeError), write_atomically(tmp_path / "model-f16.gguf", flush=flush) as partial:
+        partial.write_bytes(b"half")
+        raise RuntimeError("killed")
+    assert (tmp_path / "model-f16.gguf").read_bytes() == b"gguf" and not any(map(is_partial, tmp_path.iterdir()))

@@ -178,7 +178,9 @@ class Export:
         self.stop.check()
         self.work.mkdir(parents=True, exist_ok=True)
         merged_dir = self.work / MERGED_FOLDER
-        save_merged(tokenizer, model, merged_dir, "bfloat16" if base_type == "bf16" else "float16")
+        # The merged folder, and the 16-bit GGUF where it was not asked for, are work files,
+        # removed below: renamed into place but not flushed to disk (atomic.py).
+        save_merged(tokenizer, model, merged_dir, "bfloat16" if base_type == "bf16" else "float16", flush=False)
         del model
 
         self.span = (30.0, converting_end)
@@ -189,7 +191,8 @@ class Export:
         def on_convert(planned: int, total: int, written: float) -> None:
             self.report("converting", planned, total, 0.3 * planned / max(total, 1) + 0.7 * written, name)
 
-        convert_model(tools, merged_dir, base_file, base_type, stop=self.stop, on_progress=on_convert)
+        convert_model(tools, merged_dir, base_file, base_type, stop=self.stop, on_progress=on_convert,
+                      flush=base_file.parent == self.folder)
         if base_file.parent == self.folder:
             self.written.append(base_file)
         files.remove(merged_dir)

@@ -67,11 +67,13 @@ class _Reader:
 
 
 def convert_model(
-    tools: LlamaCppTools, model_dir: Path, target: Path, outtype: str, *, stop: StopSignal, on_progress: ConvertProgress
+    tools: LlamaCppTools, model_dir: Path, target: Path, outtype: str, *, stop: StopSignal, on_progress: ConvertProgress,
+    flush: bool = True,
 ) -> None:
-    """Write target: the model folder model_dir as a GGUF file of outtype (f16, bf16)."""
+    """Write target: the model folder model_dir as a GGUF file of outtype (f16, bf16); `flush=False`
+    for a work file (atomic.py)."""
     reader = _Reader(safetensors_count(model_dir), on_progress)
-    with write_atomically(target) as partial:
+    with write_atomically(target, flush=flush) as partial:
         run_tool(
             "convert_hf_to_gguf.py",
             [sys.executable, str(tools.convert_hf), str(model_dir), "--outtype", outtype, "--outfile", str(partial)],

@@ -100,11 +100,11 @@ def load_merged(
     return tokenizer, model.unload()
 
 
-def save_merged(tokenizer: Any, model: Any, out_dir: Path, dtype_name: str = "bfloat16") -> Path:
+def save_merged(tokenizer: Any, model: Any, out_dir: Path, dtype_name: str = "bfloat16", *, flush: bool = True) -> Path:
     """Save in safetensors with the tokenizer (its chat template included) as out_dir,
-    written as `.NAME.partial` and renamed."""
+    written as `.NAME.partial` and renamed (`flush=False`: a work folder, atomic.py)."""
     model = model.to(torch_dtype(dtype_name))
-    with save_atomically(out_dir) as partial:
+    with save_atomically(out_dir, flush=flush) as partial:
         model.save_pretrained(str(partial), safe_serialization=True)
         tokenizer.save_pretrained(str(partial))
     return out_dir

@@ -5,7 +5,8 @@
 `llama_model_quantize` with llama.cpp's log sent to stdout (`llama_log_set`): one
 line per tensor, `[  12/ 272] blk.0.attn_q.weight - [...], type = f16, converting to
 q5_0 .. size = ...`, which the child reads as progress. Run apart so that a stop
-ends it at once; the C call itself cannot be interrupted.
+ends it at once; the C call itself cannot be interrupted. Its process imports nothing
+of the studio but this module.
 """
 
 from __future__ import annotations
@@ -17,11 +18,10 @@ import shutil
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
-from finetune_studio.atomic import write_atomically
-from finetune_studio.child.channel import StopSignal
-from finetune_studio.export.process import run_tool
+if TYPE_CHECKING:
+    from finetune_studio.child.channel import StopSignal
 
 # llama.cpp's `llama_ftype` for each name of schemas.GgufQuantization (llama.h).
 FTYPES = {"f16": 1, "q8_0": 7, "q4_k_m": 15, "q5_k_m": 17, "q6_k": 18, "bf16": 32}
@@ -38,6 +38,10 @@ def quantize_file(
     on_tensor: Callable[[int, int, str], None],
 ) -> None:
     """Write target, source quantized to `name`; on_tensor(done, total, tensor) per tensor."""
+    # Imported here: the quantizer's own process (`main`) needs only llama_cpp, and starts
+    # once per file, so it spares itself pydantic's models (0.2 s a start).
+    from finetune_studio.atomic import write_atomically
+    from finetune_studio.export.process import run_tool
 
     def on_line(line: str) -> None:
         match = _TENSOR_LINE.match(line)
