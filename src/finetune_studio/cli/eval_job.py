@@ -165,30 +165,24 @@ def run_eval_job(args: argparse.Namespace, stdout: IO[str] = sys.stdout, stderr:
     except StudioError as exc:
         notes.error(str(exc))
         return EXIT_REFUSED
-    reached = Reached()
-    results: Optional[dict[str, Any]] = None
-    status: Optional[dict[str, Any]] = None
-    with StudioClient(args.server, token=args.token) as client:
-        try:
-            if not reached.reach(args, client, notes):
-                return EXIT_REFUSED
-            eval_id = client.start_eval(request)
-            notes.say(f"queued evaluation {eval_id} of {', '.join(request['models'])}")
-            view = make_view(stdout, output_json=args.output_json, live=EvalLiveView, lines=EvalLinesView)
-            status = follow_eval(client, eval_id, view, notes.say)
-            if status is None:
-                code = EXIT_LEFT_RUNNING
-            elif status["phase"] != "completed":
-                notes.error(how_it_ended("evaluation", eval_id, status))
-                code = EXIT_FAILED
-            else:
-                results = client.eval_results(eval_id)
-                code = EXIT_COMPLETED
-        except StudioError as exc:
-            notes.error(str(exc))
-            code = EXIT_REFUSED if exc.status_code is not None else EXIT_FAILED
-        finally:
-            reached.release()
+    ended: dict[str, Any] = {}  # the evaluation's last status, and its results once completed
+
+    def evaluate(client: StudioClient) -> int:
+        eval_id = client.start_eval(request)
+        notes.say(f"queued evaluation {eval_id} of {', '.join(request['models'])}")
+        view = make_view(stdout, output_json=args.output_json, live=EvalLiveView, lines=EvalLinesView)
+        status = ended["status"] = follow_eval(client, eval_id, view, notes.say)
+        if status is None:
+            return EXIT_LEFT_RUNNING
+        if status["phase"] != "completed":
+            notes.error(how_it_ended("evaluation", eval_id, status))
+            return EXIT_FAILED
+        ended["results"] = client.eval_results(eval_id)
+        return EXIT_COMPLETED
+
+    code = Reached().run(args, notes, evaluate)
+    results: Optional[dict[str, Any]] = ended.get("results")
+    status: Optional[dict[str, Any]] = ended.get("status")
     if args.output_json:
         writer = JsonLinesView(stdout)
         if results is not None:

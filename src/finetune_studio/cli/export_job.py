@@ -31,7 +31,6 @@ from finetune_studio.cli.follow import (
     EXIT_COMPLETED,
     EXIT_FAILED,
     EXIT_LEFT_RUNNING,
-    EXIT_REFUSED,
     Notes,
     follow_until_done,
     how_it_ended,
@@ -113,37 +112,28 @@ def run_export_job(args: argparse.Namespace, stdout: IO[str] = sys.stdout, stder
     notes = Notes(stdout, stderr, stdout_for_scripts=args.output_json)
     requests = export_requests(args)
     out_dir = Path(args.out).expanduser().resolve()
-    reached = Reached()
-    with StudioClient(args.server, token=args.token) as client:
-        try:
-            if not reached.reach(args, client, notes):
-                return EXIT_REFUSED
-            code, downloaded = _run(client, requests, out_dir, args, notes, stdout)
-        except StudioError as exc:
-            notes.error(str(exc))
-            code, downloaded = (EXIT_REFUSED if exc.status_code is not None else EXIT_FAILED), []
-        finally:
-            reached.release()
+    downloaded: list[Path] = []
+    code = Reached().run(args, notes, lambda client: _run(client, requests, out_dir, args, notes, stdout, downloaded))
     if args.output_json:  # the last line for a script: what came of it
         JsonLinesView(stdout).write({"event": "summary", "exit_code": code, "files": [str(path) for path in downloaded]})
     return code
 
 
 def _run(
-    client: StudioClient, requests: list[dict[str, Any]], out_dir: Path, args: argparse.Namespace, notes: Notes, stdout: IO[str]
-) -> tuple[int, list[Path]]:
-    """Each export in turn: queued, followed, its files downloaded. The exit status and the files written."""
-    downloaded: list[Path] = []
+    client: StudioClient, requests: list[dict[str, Any]], out_dir: Path, args: argparse.Namespace, notes: Notes,
+    stdout: IO[str], downloaded: list[Path],
+) -> int:
+    """Each export in turn: queued, followed, its files downloaded (to `downloaded`). The exit status."""
     for request in requests:
         export_id = client.start_export(request)
         notes.say(f"queued export {export_id} of job {args.job_id} as {request['format']} ({', '.join(request['quantization'])})")
         view = make_view(stdout, output_json=args.output_json, live=ExportLiveView, lines=ExportLinesView)
         status = follow_export(client, export_id, view, notes.say)
         if status is None:
-            return EXIT_LEFT_RUNNING, downloaded
+            return EXIT_LEFT_RUNNING
         if status["phase"] != "completed":
             notes.error(how_it_ended("export", export_id, status))
-            return EXIT_FAILED, downloaded
+            return EXIT_FAILED
         files = list((status.get("details") or {}).get("files") or [])
         downloaded += download_files(client, export_id, files, out_dir, notes)
     for path in downloaded:
@@ -151,4 +141,4 @@ def _run(
     line = ollama_line(args.job_id, downloaded)
     if line:
         notes.say(f"to run it in Ollama: {line}")
-    return EXIT_COMPLETED, downloaded
+    return EXIT_COMPLETED

@@ -20,6 +20,7 @@ import json
 import shutil
 import signal
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -166,6 +167,21 @@ class Reached:
         self.previous_handlers = {sig: signal.signal(sig, _exit_on_signal) for sig in (signal.SIGTERM, signal.SIGHUP)}
         self.server = _start_server(args, client, notes)
         return True
+
+    def run(self, args: argparse.Namespace, notes: Notes, work: Callable[[StudioClient], int]) -> int:
+        """`work`'s exit status with a client of the server at --server (reached or started as
+        `reach` says, and released after); a refusal or a failure of the server's, said in `notes`,
+        is EXIT_REFUSED (the server answered no) or EXIT_FAILED."""
+        with StudioClient(args.server, token=args.token) as client:
+            try:
+                if not self.reach(args, client, notes):
+                    return EXIT_REFUSED
+                return work(client)
+            except StudioError as exc:
+                notes.error(str(exc))
+                return EXIT_REFUSED if exc.status_code is not None else EXIT_FAILED
+            finally:
+                self.release()
 
     def release(self, keep: bool = False) -> None:
         """Stop the server this command started (unless it is to keep running), and restore the signal handlers."""
