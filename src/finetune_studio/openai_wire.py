@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationInfo, fi
 from pydantic_core import PydanticCustomError
 
 from finetune_studio.paths import name_problem
-from finetune_studio.text import refuse_invalid_text
+from finetune_studio.text import UnicodeChecked
 from finetune_studio.wire import MAX_TOP_LOGPROBS, SamplingParams
 
 OWNED_BY = "finetune-studio"
@@ -76,7 +76,7 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
-class _GenerationRequest(BaseModel):
+class _GenerationRequest(UnicodeChecked):
     """What OpenAI's chat and completions requests share: the model, how to sample, streaming."""
 
     model_config = ConfigDict(extra="ignore")
@@ -89,12 +89,6 @@ class _GenerationRequest(BaseModel):
     stream: Optional[bool] = False
     stream_options: Optional[StreamOptions] = None
     user: Optional[str] = None
-
-    @model_validator(mode="before")
-    @classmethod
-    def _valid_unicode(cls, data: Any) -> Any:
-        # A lone surrogate cannot be encoded for the inference child (see text.py).
-        return refuse_invalid_text(cls.__name__, data)
 
     @field_validator("stop")
     @classmethod
@@ -537,7 +531,7 @@ class Integration(BaseModel):
     wandb: WandbIntegration
 
 
-class FineTuningJobRequest(BaseModel):
+class FineTuningJobRequest(UnicodeChecked):
     """`POST /v1/fine_tuning/jobs`: OpenAI's request. `model` is what `/train/start` takes
     as `model_name` (a local folder, a .gguf file or a hub id)."""
 
@@ -554,11 +548,6 @@ class FineTuningJobRequest(BaseModel):
     seed: Optional[StrictInt] = Field(default=None, ge=0, le=2**31 - 1)
     metadata: Optional[dict[str, str]] = None
     integrations: Optional[list[Integration]] = None
-
-    @model_validator(mode="before")
-    @classmethod
-    def _valid_unicode(cls, data: Any) -> Any:
-        return refuse_invalid_text(cls.__name__, data)
 
     @field_validator("model")
     @classmethod

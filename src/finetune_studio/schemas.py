@@ -24,7 +24,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from finetune_studio.hardware import Precision
-from finetune_studio.text import refuse_invalid_text
+from finetune_studio.text import UnicodeChecked, refuse_invalid_text
 
 # The request's `compile` (training/compilation.py): "auto", true or false.
 CompileChoice = Union[Literal["auto"], bool]
@@ -68,6 +68,8 @@ FormatType = Literal["auto", "alpaca", "chatml", "sharegpt", "raw"]
 # docs/API.md, Training methods: what the trainer optimises. sft learns the answers; dpo, orpo
 # and kto learn preferences; grpo learns from rewards of its own completions.
 TrainingMethod = Literal["sft", "dpo", "orpo", "kto", "grpo"]
+# The request's `report_to` (training/trackers.py): the experiment trackers a run is logged to.
+Tracker = Literal["mlflow", "trackio", "wandb", "tensorboard"]
 # `beta` when the request leaves it out, per method (sft has none): training/methods.py,
 # and OpenAI's "auto" beta for dpo (api/openai_jobs.py).
 DEFAULT_BETA: dict[str, float] = {"dpo": 0.1, "orpo": 0.1, "kto": 0.1, "grpo": 0.0}
@@ -78,6 +80,7 @@ SECRET_FIELDS = ("hf_token", "wandb_token")
 WITHHELD_SECRETS = "withheld_secrets"  # the names of the secrets it carried (never their values)
 QUEUED_WARNINGS = "queued_warnings"  # what admission noticed, for the job's statuses to carry
 OPENAI_JOB = "openai"  # a job created through /v1/fine_tuning/jobs: OpenAI's fields that have no twin here
+SWEEP_TRIAL = "sweep"  # a sweep's trial (POST /sweeps): {sweep_id, trial}, shown as its statuses' details.sweep
 # An ignored-fields warning names at most this many fields, each cut to this length.
 _NAMED_FIELDS, _NAME_CHARS = 10, 40
 
@@ -332,7 +335,7 @@ class EvalGuard(BaseModel):
     max_drop: float = Field(ge=0, allow_inf_nan=False, description="How far (in the metric's units) the fine-tuned model may fall behind.")
 
 
-class TrainingStartRequest(BaseModel):
+class TrainingStartRequest(UnicodeChecked):
     """Request payload to start training (Unsloth Studio's request, text models).
 
     Unknown fields are ignored rather than rejected, so that a body written for a
@@ -431,6 +434,13 @@ class TrainingStartRequest(BaseModel):
     wandb_project: Optional[str] = None
     enable_tensorboard: bool = False
     tensorboard_dir: Optional[PathText] = None
+    report_to: list[Tracker] = Field(
+        default_factory=list, max_length=4,
+        description='Extension. Experiment trackers the run is logged to: "mlflow" (at MLFLOW_TRACKING_URI), "trackio"'
+        ' (a local project named by project_name), "wandb", "tensorboard" (as enable_wandb/enable_tensorboard, which'
+        " still work). Each run logs the request's settings as parameters and every step's metrics; a tracker that is"
+        " not installed or cannot be reached is a warning, and the run goes on. details.trackers says where it was logged.",
+    )
     resume_from_checkpoint: Optional[PathText] = None
     gpu_ids: Optional[list[int]] = None
     precision: Precision = Field(
@@ -492,13 +502,6 @@ class TrainingStartRequest(BaseModel):
         description='Extension. What each Ray worker asks the cluster for, e.g. {"CPU": 4, "GPU": 1}; default {"CPU": 1}.'
         " A job waits in the cluster's queue until every worker's share is free.",
     )
-
-    @model_validator(mode="before")
-    @classmethod
-    def _text_is_unicode(cls, data: Any) -> Any:
-        """Refuse any string, or field name, that is not valid Unicode (a lone surrogate
-        such as "\\ud800"): stored, it could never be sent back (finetune_studio/text.py)."""
-        return refuse_invalid_text(cls.__name__, data)
 
     @model_validator(mode="before")
     @classmethod
@@ -1023,7 +1026,7 @@ EvalPhase = Literal["idle", "loading_model", "evaluating", "judging", "completed
 BASE_MODEL_PREFIX = "base:"
 
 
-class EvalStartRequest(BaseModel):
+class EvalStartRequest(UnicodeChecked):
     """`POST /eval/start`: evaluate one or more models on one or more suites."""
 
     model_config = ConfigDict(extra="forbid", protected_namespaces=())
@@ -1035,11 +1038,6 @@ class EvalStartRequest(BaseModel):
     )
     suites: list[EvalSuite] = Field(min_length=1, max_length=MAX_EVAL_SUITES)
     label: Optional[str] = Field(default=None, max_length=200, description="A free label shown with the evaluation.")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _text_is_unicode(cls, data: Any) -> Any:
-        return refuse_invalid_text(cls.__name__, data)
 
     @field_validator("models")
     @classmethod
@@ -1194,3 +1192,152 @@ class WebhookDeliveryList(BaseModel):
     object: Literal["list"] = "list"
     data: list[WebhookDelivery]
 
+
+
+# -- sweeps (docs/API.md, Sweeps; DESIGN section 14; the server's side: supervisor/sweeps.py) --
+
+SweepState = Literal["queued", "running", "completed", "stopped", "error"]
+TrialState = Literal["queued", "running", "complete", "pruned", "failed"]
+# The objectives a trial reports while it trains: only these may be pruned on.
+TRAINING_OBJECTIVES = ("eval_loss", "train_loss")
+# `train_loss` as an objective: the mean of a trial's last this many logged losses.
+TRAIN_LOSS_WINDOW = 10
+MAX_SWEEP_TRIALS = 1000
+MAX_SPACE_FIELDS = 32
+MAX_CHOICES = 256
+
+
+class SweepParameter(BaseModel):
+    """One field of the training request and the values a trial may give it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["float", "int", "categorical"]
+    low: Optional[float] = None
+    high: Optional[float] = None
+    log: bool = False
+    step: Optional[float] = Field(default=None, gt=0)
+    choices: Optional[list[Union[bool, int, float, str, None]]] = Field(default=None, min_length=1, max_length=MAX_CHOICES)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> SweepParameter:
+        if self.type == "categorical":
+            if self.choices is None:
+                raise ValueError("a categorical parameter needs `choices`")
+            if self.low is not None or self.high is not None or self.step is not None or self.log:
+                raise ValueError("a categorical parameter takes `choices` only (no low, high, step or log)")
+            return self
+        if self.choices is not None:
+            raise ValueError(f"a {self.type} parameter takes low and high, not `choices` (use type categorical)")
+        if self.low is None or self.high is None:
+            raise ValueError(f"a {self.type} parameter needs `low` and `high`")
+        if not (math.isfinite(self.low) and math.isfinite(self.high)) or self.low > self.high:
+            raise ValueError(f"`low` ({self.low}) must be a finite number not above `high` ({self.high})")
+        if self.log and self.step is not None:
+            raise ValueError("`log` and `step` cannot go together (Optuna samples a log scale without steps)")
+        if self.log and self.low <= 0:
+            raise ValueError(f"a log scale needs `low` above 0 (it is {self.low})")
+        if self.type == "int" and (self.low != int(self.low) or self.high != int(self.high)
+                                   or (self.step is not None and self.step != int(self.step))):
+            raise ValueError("an int parameter needs whole numbers for low, high and step")
+        return self
+
+    def edges(self) -> list[Any]:
+        """The values whose requests are checked when the sweep is created: every choice, or low and high."""
+        if self.choices is not None:
+            return list(self.choices)
+        assert self.low is not None and self.high is not None
+        if self.type == "int":
+            return [int(self.low), int(self.high)]
+        return [self.low, self.high]
+
+    def grid(self) -> Optional[list[Any]]:
+        """The values of a grid over this parameter: its choices, or low to high by step (None: no step)."""
+        if self.choices is not None:
+            return list(self.choices)
+        if self.step is None:
+            return None
+        assert self.low is not None and self.high is not None
+        count = int(math.floor((self.high - self.low) / self.step + 1e-9)) + 1
+        values = [self.low + index * self.step for index in range(count)]
+        return [int(round(value)) for value in values] if self.type == "int" else values
+
+
+class SweepObjective(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    metric: str = Field(
+        min_length=1, max_length=200,
+        description="`eval_loss` (a trial's last evaluation), `train_loss` (the mean of its last 10 logged losses), or"
+        " a metric `SUITE/NAME` of an `eval_after` suite run after each trial (heldout/loss, lm_eval/arc_easy/acc: the trial's model's value).",
+    )
+    direction: Literal["minimize", "maximize"] = "minimize"
+
+
+class SweepPruner(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["none", "median", "hyperband"] = "none"
+    n_startup_trials: int = Field(default=5, ge=0, le=MAX_SWEEP_TRIALS, description="median: trials that complete before any is pruned.")
+    n_warmup_steps: int = Field(default=0, ge=0, description="median: steps of a trial before it may be pruned.")
+
+
+class SweepCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    request: dict[str, Any] = Field(description="A training request, as POST /train/start takes it.")
+    space: dict[str, SweepParameter] = Field(min_length=1, max_length=MAX_SPACE_FIELDS)
+    objective: SweepObjective
+    trials: int = Field(ge=1, le=MAX_SWEEP_TRIALS)
+    max_parallel: int = Field(default=1, ge=1, le=64)
+    max_failed_trials: int = Field(default=3, ge=1, le=MAX_SWEEP_TRIALS)
+    sampler: Literal["tpe", "random", "grid"] = "tpe"
+    pruner: Union[Literal["none", "median", "hyperband"], SweepPruner] = "none"
+    seed: Optional[int] = Field(default=None, ge=0, le=2**32 - 1)
+    label: Optional[str] = Field(default=None, max_length=200)
+
+    def pruner_spec(self) -> SweepPruner:
+        return SweepPruner(type=self.pruner) if isinstance(self.pruner, str) else self.pruner
+
+
+class SweepCreated(BaseModel):
+    sweep_id: str
+    status: Literal["queued"] = "queued"
+    message: str
+
+
+class SweepTrial(BaseModel):
+    number: int
+    job_id: str
+    params: dict[str, Any]
+    value: Optional[float] = None
+    state: TrialState
+    steps: Optional[int] = Field(default=None, description="A pruned trial's last step.")
+    requeued: bool = Field(default=False, description="Interrupted by a server restart: its values were queued again (not counted).")
+
+
+class SweepBest(BaseModel):
+    number: int
+    job_id: str
+    params: dict[str, Any]
+    value: float
+
+
+class SweepStatus(BaseModel):
+    sweep_id: str
+    status: SweepState
+    message: str
+    error: Optional[str] = None
+    label: Optional[str] = None
+    objective: SweepObjective
+    trials_planned: int
+    counted: int = Field(description="Trials that count towards `trials_planned`: complete, pruned and failed.")
+    failed: int
+    trials: list[SweepTrial]
+    best: Optional[SweepBest] = None
+    importances: dict[str, float] = Field(default_factory=dict, description="Optuna's parameter importances (two complete trials or more).")
+    created_at: float
+
+
+class SweepList(BaseModel):
+    sweeps: list[SweepStatus]

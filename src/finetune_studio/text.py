@@ -21,7 +21,7 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 REPLACEMENT = "\ufffd"
@@ -96,3 +96,13 @@ def refuse_invalid_text(title: str, data: Any) -> Any:
     if errors:
         raise ValidationError.from_exception_data(title, errors)
     return data
+
+
+class UnicodeChecked(BaseModel):
+    """A request model none of whose strings, or field names, may be invalid Unicode (a lone
+    surrogate such as "\\ud800"): stored, it could never be sent back (`refuse_invalid_text`)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _text_is_unicode(cls, data: Any) -> Any:
+        return refuse_invalid_text(cls.__name__, data)
