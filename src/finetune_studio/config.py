@@ -105,6 +105,13 @@ class Settings(BaseSettings):
         default=1, ge=1, description="Exports that run at the same time, beside training (an export never waits for a training job)."
     )
     max_queued_jobs: int = Field(default=1000, ge=1, description="Jobs waiting beyond this are refused.")
+    max_queued_jobs_per_user: int = Field(
+        default=100, ge=1, description="With accounts on: a user's jobs waiting beyond this are refused (beside max_queued_jobs)."
+    )
+    accounts: bool = Field(
+        default=False,
+        description="Users, API keys with scopes, and owners of every job and file (docs/API.md, Accounts); off: one user, as before.",
+    )
     max_concurrent_evals: int = Field(
         default=1, ge=1, description="Evaluations that run at the same time, beside training and exports (slots of their own)."
     )
@@ -323,12 +330,40 @@ class Settings(BaseSettings):
             return False
 
     def path_roots(self) -> Optional[list[Path]]:
-        """The folders request paths must lie under (symlinks resolved), or None when any path may be named."""
+        """The folders request paths must lie under (symlinks resolved), or None when any path may be named.
+        With accounts on, only ALLOWED_ROOTS (none when unset), and never the data dir: a user reaches
+        what lies there (others' uploads and checkpoints) only through ids they own."""
+        if self.accounts:
+            return PathRoots([root.expanduser().resolve() for root in self.allowed_roots], self.data_dir.expanduser().resolve())
         if self.allowed_roots:
             return [root.expanduser().resolve() for root in self.allowed_roots]
         if not self.is_loopback():
             return [self.data_dir.expanduser().resolve()]
         return None
+
+
+class PathRoots(list[Path]):
+    """The roots of `Settings.path_roots` with accounts on: a path must lie under one of them and
+    never under `excluded` (the data dir). Every path check asks `within`."""
+
+    def __init__(self, roots: list[Path], excluded: Path) -> None:
+        super().__init__(roots)
+        self.excluded = excluded
+
+
+def within(path: Path, roots: list[Path]) -> bool:
+    """Whether the resolved `path` may be named under `roots` (Settings.path_roots, not None)."""
+    if isinstance(roots, PathRoots) and path.is_relative_to(roots.excluded):
+        return False
+    return any(path.is_relative_to(root) for root in roots)
+
+
+def roots_named(roots: list[Path]) -> str:
+    """The roots as a message names them."""
+    named = ", ".join(str(root) for root in roots) or "no folder (FINETUNE_STUDIO_ALLOWED_ROOTS is unset)"
+    if isinstance(roots, PathRoots):
+        named += f", and never under the data dir {roots.excluded}"
+    return named
 
 
 def get_settings(**overrides: object) -> Settings:

@@ -77,6 +77,18 @@ class QueueFull(StartRefused):
     status_code = 429
 
 
+class SweepNotFound(StudioError):
+    status_code = 404
+
+    def __init__(self, sweep_id: str) -> None:
+        super().__init__(f"no sweep with id {sweep_id!r}")
+
+
+class SweepRefused(Refused):
+    """A sweep the server will not create (400), naming the field at fault: a space that can
+    make an invalid training request, a pruner on an objective no trial reports, ..."""
+
+
 class WebhookNotFound(StudioError):
     status_code = 404
 

@@ -76,6 +76,8 @@ DEFAULT_BETA: dict[str, float] = {"dpo": 0.1, "orpo": 0.1, "kto": 0.1, "grpo": 0
 
 # Fields that hold secrets: never stored, logged or echoed.
 SECRET_FIELDS = ("hf_token", "wandb_token")
+# Fields whose values no error ever quotes: the secrets above, and an account's password (POST /auth/users).
+REDACTED_FIELDS = (*SECRET_FIELDS, "password")
 # Keys the server adds to a request as it stores it, beside the request's fields.
 WITHHELD_SECRETS = "withheld_secrets"  # the names of the secrets it carried (never their values)
 QUEUED_WARNINGS = "queued_warnings"  # what admission noticed, for the job's statuses to carry
@@ -1193,6 +1195,16 @@ class WebhookDeliveryList(BaseModel):
     data: list[WebhookDelivery]
 
 
+class WebhookEventType(BaseModel):
+    name: str
+    description: str
+
+
+class WebhookEventList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[WebhookEventType]
+
+
 
 # -- sweeps (docs/API.md, Sweeps; DESIGN section 14; the server's side: supervisor/sweeps.py) --
 
@@ -1246,10 +1258,16 @@ class SweepParameter(BaseModel):
         """The values whose requests are checked when the sweep is created: every choice, or low and high."""
         if self.choices is not None:
             return list(self.choices)
-        assert self.low is not None and self.high is not None
+        low, high = self.bounds()
         if self.type == "int":
-            return [int(self.low), int(self.high)]
-        return [self.low, self.high]
+            return [int(low), int(high)]
+        return [low, high]
+
+    def bounds(self) -> tuple[float, float]:
+        """low and high of a float or int parameter (the validator made sure both are there)."""
+        if self.low is None or self.high is None:
+            raise ValueError(f"a {self.type} parameter needs `low` and `high`")
+        return self.low, self.high
 
     def grid(self) -> Optional[list[Any]]:
         """The values of a grid over this parameter: its choices, or low to high by step (None: no step)."""
@@ -1257,9 +1275,9 @@ class SweepParameter(BaseModel):
             return list(self.choices)
         if self.step is None:
             return None
-        assert self.low is not None and self.high is not None
-        count = int(math.floor((self.high - self.low) / self.step + 1e-9)) + 1
-        values = [self.low + index * self.step for index in range(count)]
+        low, high = self.bounds()
+        count = int(math.floor((high - low) / self.step + 1e-9)) + 1
+        values = [low + index * self.step for index in range(count)]
         return [int(round(value)) for value in values] if self.type == "int" else values
 
 
@@ -1341,3 +1359,25 @@ class SweepStatus(BaseModel):
 
 class SweepList(BaseModel):
     sweeps: list[SweepStatus]
+
+
+# -- accounts (jobs/accounts.py; docs/API.md, Accounts) ---------------------------
+
+
+class KeyCreate(BaseModel):
+    """POST /auth/keys: a key for the caller (an admin may name another `user`)."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(min_length=1, max_length=100, description="A label to tell keys apart.")
+    scopes: list[str] = Field(min_length=1, description="read, train, chat, files, admin (at most the caller's own).")
+    expires_in_days: Optional[float] = Field(default=None, gt=0, le=3650)
+    user: Optional[str] = Field(default=None, description="Admins only: the user the key is for.")
+
+
+class UserCreate(BaseModel):
+    """POST /auth/users (admins)."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    password: Optional[str] = Field(default=None, min_length=8, max_length=1024, description="For the page's sign-in.")
+    admin: bool = False

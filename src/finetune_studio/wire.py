@@ -133,6 +133,11 @@ class DataDir:
         return self.root / "jobs"
 
     @property
+    def secret(self) -> Path:
+        """The server's HMAC secret for API keys (jobs/accounts.py; mode 0600), made when accounts are first on."""
+        return self.root / "secret"
+
+    @property
     def files(self) -> Path:
         """The file store's files (finetune_studio/files/)."""
         return self.root / "files"
@@ -146,6 +151,11 @@ class DataDir:
     def evals(self) -> Path:
         """Each evaluation's folder (its log, and the results its child writes), by its id."""
         return self.root / "evals"
+
+    @property
+    def sweeps_db(self) -> Path:
+        """Optuna's RDB storage of every sweep's study (supervisor/sweep_study.py)."""
+        return self.root / "sweeps.db"
 
     @property
     def ray(self) -> Path:
@@ -274,6 +284,8 @@ def last_checkpoint(folder: Path) -> Optional[Path]:
 #                                                       delta, when asked
 #   {"type": "done", "id", "finish_reason", "usage"}    finish_reason "stop" | "length"
 #   {"type": "failed", "id", "code", "message", "param"} the request cannot be served
+#   {"type": "stats", "batch_size", "tokens", "seconds", "running"}  how it decodes (no id; at most
+#                                                       once a second, and when the last answer ends)
 # EOF on stdin: the server is gone; the child exits.
 
 

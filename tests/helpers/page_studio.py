@@ -1,6 +1,6 @@
 """The server the page tests drive (tests/browser/test_page.py, test_ray_ui.py): the real
 app in this process (LiveServer) with a scripted worker that trains nothing. Each job's
-`project_name` says what it does (`completed`, `failed`, `stopped`, `held`: it waits in
+`project_name` says what it does (`completed`, `tracked` (completed, logged to trackers), `failed`, `stopped`, `held`: it waits in
 loading_model until the test lets it go, then trains until stopped), with the long
 messages and paths real runs have."""
 
@@ -21,6 +21,14 @@ from tests.helpers.servers import LiveServer
 
 # A model folder with the long path real ones have: it exists (admission checks that).
 LONG = "a-rather-long-model-folder-name-as-people-make-them-" + "x" * 60
+
+
+# details.trackers of a `tracked` job: an MLflow server's run (a link) and a local Trackio project (none).
+TRACKED = [
+    {"name": "mlflow", "run_id": "0123abcd", "experiment_id": "7", "experiment": "tracked",
+     "tracking_uri": "http://127.0.0.1:5000", "url": "http://127.0.0.1:5000/#/experiments/7/runs/0123abcd"},
+    {"name": "trackio", "project": "tracked", "run": "job", "dir": "/tmp/trackio"},
+]
 
 
 def status(phase: str, message: str, error: Optional[str] = None, **details: Any) -> dict[str, Any]:
@@ -79,6 +87,8 @@ class ScriptedHandle(ScriptedWorker):
         adapter.mkdir(exist_ok=True)
         (adapter / "adapter_model.safetensors").write_bytes(b"\0" * 64)
         saved = {"adapter_dir": str(adapter), "output_dir": str(out), "last_checkpoint": str(checkpoint), "steps": steps}
+        if script == "tracked":  # logged to trackers (training/trackers.py): where, as the training child says it
+            saved["trackers"] = TRACKED
         if script in ("stopped", "held"):
             message = f"Stopped at step {steps} of {total} (a stop was requested); what was trained is saved in {adapter}"
             yield status("stopped", message, **saved)

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+import httpx
 import openai
 import pytest
 
@@ -175,6 +176,39 @@ def test_bad_requests_are_answered_as_the_sdk_expects(trained: Trained) -> None:
     with openai.OpenAI(base_url=f"{trained.server.url}/v1", api_key="not-the-token-at-all", max_retries=0) as stranger:
         with pytest.raises(openai.AuthenticationError):
             stranger.models.list()
+
+
+def chat_metrics(trained: Trained) -> dict[str, float]:
+    """/metrics' chat figures, parsed by prometheus_client's own parser."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    answer = httpx.get(f"{trained.server.url}/metrics", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30)
+    assert answer.status_code == 200, answer.text
+    return {sample.name: sample.value for family in text_string_to_metric_families(answer.text)
+            for sample in family.samples if sample.name.startswith("finetune_studio_chat_") and not sample.labels}
+
+
+def test_metrics_say_how_many_answers_the_chat_child_decodes_together_and_how_fast(trained: Trained) -> None:
+    # Two endless answers of the random base ("\n" over and over), on one base: one batch of two.
+    streams = [ask(trained, str(trained.model), max_tokens=2000, stream=True) for _ in range(2)]
+    chunks = [iter(stream) for stream in streams]
+    for each in chunks:
+        next(each)
+        next(each)
+    wait_for(lambda: chat_metrics(trained)["finetune_studio_chat_batch_size"] == 2, what="a report of a batch of two")
+    assert chat_metrics(trained)["finetune_studio_chat_tokens_per_second"] > 0
+    for stream in streams:
+        stream.close()
+    wait_for(lambda: chat_metrics(trained)["finetune_studio_chat_batch_size"] == 0, what="the chat child to be idle")
+    before = chat_metrics(trained)
+    # Alone, each of an answer's tokens but its first (which the prompt's prefill gives) is a decoded one.
+    answer = ask(trained, trained.job_id)
+    wait_for(lambda: chat_metrics(trained)["finetune_studio_chat_decoded_tokens_total"]
+             == before["finetune_studio_chat_decoded_tokens_total"] + answer.usage.completion_tokens - 1,
+             what="the answer's decoded tokens to be counted")
+    after = chat_metrics(trained)
+    assert after["finetune_studio_chat_decode_seconds_total"] > before["finetune_studio_chat_decode_seconds_total"]
+    assert after["finetune_studio_chat_batch_size"] == 0 and after["finetune_studio_chat_tokens_per_second"] == 0
 
 
 def test_a_killed_child_ends_its_answer_with_the_reason_and_the_next_request_starts_a_new_one(trained: Trained) -> None:

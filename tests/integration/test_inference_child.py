@@ -99,8 +99,12 @@ def test_the_child_answers_cancels_and_ends_at_eof(tiny_model: Path, tmp_path: P
         before = child.until("started", "after")
         assert not [m for m in before if m["type"] != "delta" and m.get("id") == "long"], before
         rest = child.until("done", "after")
-        assert all(m.get("id") == "after" for m in rest), rest
+        assert all(m.get("id") == "after" for m in rest if m["type"] != "stats"), rest
         assert rest[-1]["usage"]["completion_tokens"] == 3
+        # How it decodes (for /metrics): once the last answer has ended, the steps since the last report.
+        stats = child.next()
+        assert stats["type"] == "stats" and stats["batch_size"] == 1 and stats["running"] == 0, stats
+        assert stats["tokens"] >= 2 and stats["seconds"] > 0, stats  # after's 2 decoded tokens at least (its first is the prefill's)
 
         assert child.process.stdin is not None
         child.process.stdin.close()

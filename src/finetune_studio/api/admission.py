@@ -24,7 +24,7 @@ from typing import Any, Optional
 from fastapi.exceptions import RequestValidationError
 
 from finetune_studio.bounds import excerpt
-from finetune_studio.config import Settings
+from finetune_studio.config import Settings, roots_named, within
 from finetune_studio.errors import PathNotAllowed, QueueFull, StartRefused
 from finetune_studio.paths import is_local, name_problem
 from finetune_studio.schemas import TrainingStartRequest
@@ -130,11 +130,11 @@ def resolve(field: str, name: str) -> Path:
 def check_paths(request: TrainingStartRequest, roots: Optional[list[Path]]) -> None:
     for field, name in named_paths(request):
         path = resolve(field, name)
-        if roots is not None and not any(path.is_relative_to(root) for root in roots):
+        if roots is not None and not within(path, roots):
             where = "" if str(path) == name else f" (it resolves to {path})"
             raise PathNotAllowed(
                 f"{field}: {name!r} is outside the folders this server accepts paths from{where}. The server is"
-                f" reachable from the network, so paths must lie under {', '.join(str(r) for r in roots)};"
+                f" reachable from the network, so paths must lie under {roots_named(roots)};"
                 " the operator sets them with FINETUNE_STUDIO_ALLOWED_ROOTS",
                 field=field,
             )
@@ -247,11 +247,11 @@ def _folder_files(name: str, folder: Path, roots: Optional[list[Path]]) -> Itera
 def _inside(name: str, path: Path, roots: Optional[list[Path]]) -> Path:
     """The real path of an entry of an hf_dataset folder, which must lie under the roots too."""
     real = resolve("hf_dataset", str(path))
-    if roots is not None and not any(real.is_relative_to(root) for root in roots):
+    if roots is not None and not within(real, roots):
         raise PathNotAllowed(
             f"hf_dataset: {path} in {name!r} leads outside the folders this server accepts paths from (it resolves"
             f" to {real}). The server is reachable from the network, so paths must lie under"
-            f" {', '.join(str(r) for r in roots)}; the operator sets them with FINETUNE_STUDIO_ALLOWED_ROOTS",
+            f" {roots_named(roots)}; the operator sets them with FINETUNE_STUDIO_ALLOWED_ROOTS",
             field="hf_dataset",
         )
     return real

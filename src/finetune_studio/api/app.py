@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any, Optional
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
@@ -25,6 +25,7 @@ from starlette.types import Scope
 
 from finetune_studio import __version__
 from finetune_studio.api import openai_errors
+from finetune_studio.api.accounts import AccountGuard, Accounts, authorize
 from finetune_studio.api.auth import TokenGuard, under_prefixes
 from finetune_studio.api.body_limit import DeclaredBodyLimit, too_large_body, too_large_upload
 from finetune_studio.api.deps import Studio
@@ -32,6 +33,7 @@ from finetune_studio.api.metrics import registry as metrics_registry
 from finetune_studio.api.origin import CrossSiteGuard, LoopbackHostGuard
 from finetune_studio.api.request_scoped import check_request_scoped
 from finetune_studio.api.routes import (
+    auth,
     chat,
     completions,
     datasets,
@@ -41,26 +43,37 @@ from finetune_studio.api.routes import (
     fine_tuning,
     health,
     metrics,
+    sweeps,
     system,
     train,
     webhooks,
 )
 from finetune_studio.api.streaming import StudioApp
 from finetune_studio.config import Settings, token_problem
-from finetune_studio.errors import StartRefused, StorageFailed, StudioError, UnsafeSettings, WebhookRefused
+from finetune_studio.errors import (
+    StartRefused,
+    StorageFailed,
+    StudioError,
+    SweepRefused,
+    UnsafeSettings,
+    WebhookRefused,
+)
 from finetune_studio.failures import chain, storage_fault
 from finetune_studio.files.store import FileStore
+from finetune_studio.jobs.accounts import server_secret
 from finetune_studio.jobs.lock import DataDirLock
 from finetune_studio.jobs.service import JobService
 from finetune_studio.jobs.store import JobStore
-from finetune_studio.schemas import SECRET_FIELDS
+from finetune_studio.schemas import REDACTED_FIELDS
 from finetune_studio.supervisor.inference import INFERENCE_MODULE, InferenceManager, UnloadingLauncher
 from finetune_studio.supervisor.inspector import INSPECT_MODULE, Inspector
 from finetune_studio.supervisor.launcher import EVAL_MODULE, EXPORT_MODULE, LocalProcessLauncher, WorkerLauncher
 from finetune_studio.supervisor.ray_launcher import ray_launcher
 from finetune_studio.supervisor.supervisor import Supervisor
+from finetune_studio.supervisor.sweeps import SweepManager
 from finetune_studio.supervisor.webhooks import WebhookDispatcher
 from finetune_studio.text import clean_text
+from finetune_studio.wire import DataDir
 
 WEB_DIR = Path(__file__).resolve().parent.parent / "web"
 # Every API router, each under a prefix of its own: every path under these wants the
@@ -68,7 +81,7 @@ WEB_DIR = Path(__file__).resolve().parent.parent / "web"
 # goes here (and nowhere else), so it cannot be left unguarded.
 API_ROUTERS = (
     train.router, chat.router, completions.router, system.router, export.router, datasets.router, files.router, fine_tuning.router,
-    evaluation.router, webhooks.router, metrics.router,
+    evaluation.router, webhooks.router, metrics.router, sweeps.router,
 )
 API_PREFIXES = tuple(router.prefix + "/" for router in API_ROUTERS)
 log = logging.getLogger("finetune_studio")
@@ -94,11 +107,16 @@ def create_app(
     <inspect_module>` (tests name stand-ins); exports in
     what `export_launcher` starts (default: `python -m finetune_studio.export.child`), evaluations
     in what `eval_launcher` starts (default: `python -m finetune_studio.evaluation.child`)."""
-    if not settings.is_loopback() and settings.token is None:
+    if not settings.is_loopback() and settings.token is None and not settings.accounts:
         # The CLI says this first; this guard holds for any other way of serving the app.
         raise UnsafeSettings(
-            f"refusing to serve on {settings.host} without an API token: set FINETUNE_STUDIO_TOKEN, or bind 127.0.0.1"
+            f"refusing to serve on {settings.host} without an API token: set FINETUNE_STUDIO_TOKEN, turn accounts on"
+            " (FINETUNE_STUDIO_ACCOUNTS=true), or bind 127.0.0.1"
         )
+    # With accounts on, every key is checked (api/accounts.py) and /auth is served; the routers of a
+    # single-user server are as they were.
+    routers = (*API_ROUTERS, auth.router) if settings.accounts else API_ROUTERS
+    prefixes = tuple(router.prefix + "/" for router in routers)
     # Settings refuse such a token when they are built; this holds for settings made any other way.
     problem = token_problem(settings.token.get_secret_value()) if settings.token is not None else None
     if problem:
@@ -133,11 +151,19 @@ def create_app(
                 eval_launcher=eval_launcher or LocalProcessLauncher(settings.worker_python, module=EVAL_MODULE),
                 eval_models=evaluation.model_resolver(store),
             )
-            app.state.studio = Studio(settings, service, supervisor, inference, file_store)
+            app.state.studio = studio = Studio(settings, service, supervisor, inference, file_store)
+            if settings.accounts:  # the secret is made at the first start with accounts on (mode 0600)
+                table = store.accounts(server_secret(DataDir(settings.data_dir).secret))
+                app.state.accounts = Accounts(table, settings.token.get_secret_value() if settings.token else None)
+            # Sweeps (POST /sweeps): Optuna's study in sweeps.db, imported on the first sweep only.
+            sweep_manager = app.state.sweeps = SweepManager(
+                service, supervisor, DataDir(settings.data_dir).sweeps_db, sweeps.trial_queue(studio)
+            )
             inspector = app.state.inspector = Inspector(settings, inspect_module)  # dataset inspections: children of their own
             # Webhooks go out from the outbox in a task of their own (what a restart finds pending, too).
             dispatcher = app.state.webhooks = WebhookDispatcher(store.webhooks, settings, service.counters)
             await supervisor.start()
+            await sweep_manager.start()  # after the supervisor's recovery: it reads how the restart ended trials
             dispatcher.start()
             keepalive = asyncio.create_task(service.keep_streams_alive(), name="stream keep-alive")
             try:
@@ -147,6 +173,7 @@ def create_app(
                 await dispatcher.shutdown()
                 await inspector.shutdown()
                 await inference.shutdown()
+                await sweep_manager.shutdown()
                 await supervisor.shutdown()
                 file_store.close()
                 store.close()
@@ -161,10 +188,12 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.metrics = metrics_registry(app.state)
-    if settings.token is not None:
-        # /metrics goes without the token only when the operator says so (metrics_public).
-        public = (metrics.router.prefix + "/",) if settings.metrics_public else ()
-        guarded = tuple(prefix for prefix in API_PREFIXES if prefix not in public)
+    # /metrics goes without the token (or a key) only when the operator says so (metrics_public).
+    public = (metrics.router.prefix + "/",) if settings.metrics_public else ()
+    guarded = tuple(prefix for prefix in prefixes if prefix not in public)
+    if settings.accounts:
+        app.add_middleware(AccountGuard, prefixes=guarded)
+    elif settings.token is not None:
         app.add_middleware(TokenGuard, token=settings.token.get_secret_value(), prefixes=guarded)
     # Added after the token guard, so it runs before it: an over-long declared body is refused unread.
     # An upload's body is a file (and its form): it has a limit of its own.
@@ -181,8 +210,12 @@ def create_app(
     if settings.is_loopback():
         app.add_middleware(LoopbackHostGuard, server_names=settings.server_names)
     app.include_router(health.router)
-    for router in API_ROUTERS:
-        app.include_router(router, max_body_size=upload_limit if router is files.router else settings.max_request_bytes)
+    # With accounts on, each route asks its scope and the owner of the ids in its path (api/accounts.py).
+    checks = [Depends(authorize)] if settings.accounts else None
+    for router in routers:
+        app.include_router(
+            router, max_body_size=upload_limit if router is files.router else settings.max_request_bytes, dependencies=checks
+        )
     # Work that lives only for its request (an inspection, a chat answer) goes when its client goes.
     check_request_scoped(API_ROUTERS)
 
@@ -197,7 +230,7 @@ def create_app(
             if exc.field:  # the request field at fault, for a form to mark
                 body["field"] = exc.field
             return JSONResponse(body, status_code=exc.status_code)
-        if isinstance(exc, WebhookRefused) and exc.field:
+        if isinstance(exc, (WebhookRefused, SweepRefused)) and exc.field:
             return JSONResponse({"detail": text, "field": exc.field}, status_code=exc.status_code)
         if isinstance(exc, StorageFailed):  # a full disk (507) or a data dir that cannot be written (503)
             body = {"detail": text, "error_code": exc.error_code}
@@ -241,7 +274,7 @@ def create_app(
         # ES modules must be served as JavaScript; some systems map .js to text/plain.
         mimetypes.add_type("text/javascript", ".js")
         # The UI's files hold no data; its API calls carry the token.
-        app.router.routes.append(UiMount("/", app=StaticFiles(directory=WEB_DIR, html=True), name="web"))
+        app.router.routes.append(UiMount("/", app=StaticFiles(directory=WEB_DIR, html=True), name="web", prefixes=prefixes))
     return app
 
 
@@ -280,9 +313,13 @@ class UiMount(Mount):
     it would answer a wrong method on an API path (`OPTIONS /train/start`) with the
     static files' 405 (`Allow: GET, HEAD`); the API's own paths are left to the API."""
 
+    def __init__(self, path: str, app: Any, name: str, prefixes: tuple[str, ...] = API_PREFIXES) -> None:
+        super().__init__(path, app=app, name=name)
+        self.prefixes = prefixes
+
     def matches(self, scope: Scope) -> tuple[Match, Scope]:
         path = scope.get("path", "")
-        if scope["type"] == "http" and (under_prefixes(path, API_PREFIXES) or path == "/health"):
+        if scope["type"] == "http" and (under_prefixes(path, self.prefixes) or path == "/health"):
             return Match.NONE, {}
         return super().matches(scope)
 
@@ -301,7 +338,7 @@ def scrub_errors(errors: Sequence[Any]) -> list[Any]:
             error["msg"] = clean_text(str(error["msg"]))
         if "input" in error:
             loc = error.get("loc") or ()
-            if any(part in SECRET_FIELDS for part in loc):
+            if any(part in REDACTED_FIELDS for part in loc):
                 error["input"] = _REDACTED
             elif isinstance(error["input"], (str, bytes)) and len(loc) <= 1:
                 error["input"] = _REDACTED  # the raw body itself (not JSON): it may hold anything
@@ -315,7 +352,7 @@ def scrub_errors(errors: Sequence[Any]) -> list[Any]:
 
 def _scrub(value: Any) -> Any:
     if isinstance(value, dict):
-        return {_scrub(key): _REDACTED if key in SECRET_FIELDS else _scrub(item) for key, item in value.items()}
+        return {_scrub(key): _REDACTED if key in REDACTED_FIELDS else _scrub(item) for key, item in value.items()}
     if isinstance(value, (list, tuple)):
         return [_scrub(item) for item in value]
     if isinstance(value, float) and not math.isfinite(value):

@@ -9,11 +9,18 @@ and its own counters (jobs/counters.py) when Prometheus scrapes, and nothing in 
                                                              once per live chunk of a stream
     finetune_studio_open_streams                             event streams open now
     finetune_studio_chat_requests_total{stream}              chat completion requests
+    finetune_studio_chat_batch_size                          answers the chat child decodes together (its
+                                                             widest step of the last second; 0 when idle)
+    finetune_studio_chat_tokens_per_second                   its decoded tokens per second of decoding, the
+                                                             same second (0 when idle)
+    finetune_studio_chat_decoded_tokens_total, ..._chat_decode_seconds_total  the same, summed: for rate()
     finetune_studio_webhook_attempts_total{result}           delivered | failed | exhausted | refused
     finetune_studio_webhook_deliveries{state}                deliveries kept: pending | delivered | failed
     finetune_studio_training_tokens_per_second{job_id}       the running training jobs' latest step
     finetune_studio_training_mfu{job_id}                     the same, where the child measured it
-    finetune_studio_child_memory_bytes{child, id}            each child's resident memory (with psutil)
+    finetune_studio_child_memory_bytes{child, id}            each child's resident memory (with psutil):
+                                                             training, export, evaluation (by job id),
+                                                             chat, inspection (by pid)
 
 The server's own process metrics come from prometheus_client's ProcessCollector.
 """
@@ -89,6 +96,14 @@ class StudioCollector(Collector):
         for label in ("false", "true"):
             chat.add_metric([label], counters.chat_requests.get(label, 0))
         yield chat
+        decoding = studio.inference.decoding
+        busy = decoding.running > 0  # as the child's latest report says: its counts are complete once it says 0
+        yield GaugeMetricFamily(f"{PREFIX}_chat_batch_size", "Answers the chat child decodes together (its widest step"
+                                " of the last second; 0 when idle).", value=decoding.batch_size if busy else 0)
+        yield GaugeMetricFamily(f"{PREFIX}_chat_tokens_per_second", "The chat child's decoded tokens per second of"
+                                " decoding, over the last second (0 when idle).", value=decoding.tokens_per_second if busy else 0.0)
+        yield CounterMetricFamily(f"{PREFIX}_chat_decoded_tokens", "Tokens the chat child decoded.", value=decoding.tokens)
+        yield CounterMetricFamily(f"{PREFIX}_chat_decode_seconds", "Seconds the chat child spent decoding.", value=decoding.seconds)
         attempts = CounterMetricFamily(f"{PREFIX}_webhook_attempts", "Webhook delivery attempts, by result.", labels=["result"])
         for result in ("delivered", "failed", "exhausted", "refused"):
             attempts.add_metric([result], counters.webhook_attempts.get(result, 0))
@@ -117,6 +132,7 @@ class StudioCollector(Collector):
             memory = GaugeMetricFamily(f"{PREFIX}_child_memory_bytes", "Each child process's resident memory.", labels=["child", "id"])
             children: list[tuple[str, str, Optional[int]]] = [(SLOTS[kind], job_id, pid) for kind, job_id, pid in active]
             children.append(("chat", "chat", studio.inference.pid))
+            children.extend(("inspection", str(pid), pid) for pid in inspector.pids())
             for child, ident, pid in children:
                 rss = self._rss(pid)
                 if rss is not None:

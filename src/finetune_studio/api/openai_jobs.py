@@ -136,7 +136,7 @@ def _resolved(given: dict[str, Any], name: str) -> float:
 
 def _fine_tune_file(files: FileStore, file_id: str, param: str, wanted: str, method: str) -> StoredFile:
     try:
-        stored = files.get(file_id)
+        stored = files.get_visible(file_id)
     except FileNotFound:
         raise InvalidChatRequest(f"{param}: no file with id {file_id!r}; upload it with POST /v1/files", param=param) from None
     if stored.purpose != "fine-tune":

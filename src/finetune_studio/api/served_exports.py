@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from finetune_studio.errors import JobNotFound, ModelNotFound
+from finetune_studio.jobs.accounts import seen_owner
 from finetune_studio.jobs.store import JobRecord, JobStore
 from finetune_studio.openai_wire import Model
 from finetune_studio.wire import JobFolder, ModelRef
@@ -35,7 +36,7 @@ _MODELS_HINT = "GET /v1/models lists what this server serves"
 def export_models(store: JobStore) -> list[Model]:
     """Every servable GGUF file of every completed export, newest export first."""
     found: list[Model] = []
-    for export in store.list_jobs(kind="export"):
+    for export in store.list_jobs(kind="export", owner=seen_owner()):
         if export.phase != "completed":
             continue
         for entry in _files(export):
@@ -50,7 +51,7 @@ def resolve_export(store: JobStore, model_id: str) -> Optional[ModelRef]:
     when it names one that cannot be served."""
     export_id, slash, name = model_id.partition("/")
     try:
-        export = store.get_job(export_id, kind="export")
+        export = store.get_visible(export_id, kind="export")
     except JobNotFound:
         return None
     if not slash:
@@ -118,7 +119,7 @@ def _gguf_base(store: JobStore, export: JobRecord) -> Optional[str]:
     if not isinstance(job_id, str):
         return None
     try:
-        job = store.get_job(job_id)
+        job = store.get_visible(job_id)
         record = json.loads(JobFolder(Path(job.output_dir)).job_file.read_text())
     except (JobNotFound, OSError, ValueError):
         return None

@@ -40,6 +40,7 @@ from finetune_studio.api.openai_jobs import (
 )
 from finetune_studio.api.served_exports import export_models, resolve_export
 from finetune_studio.errors import JobNotFound, ModelNotFound
+from finetune_studio.jobs.accounts import seen_owner
 from finetune_studio.jobs.phases import RESULT_KEYS, has_result
 from finetune_studio.jobs.store import JobRecord, JobStore
 from finetune_studio.openai_wire import Model
@@ -53,7 +54,7 @@ def served_models(store: JobStore) -> list[Model]:
     """Every servable job (newest first), every export's GGUF file, then every base model a job loaded."""
     jobs: list[Model] = []
     bases: dict[str, int] = {}
-    for job in store.list_jobs():
+    for job in store.list_jobs(owner=seen_owner()):
         if _output(job) is not None:
             # Each model once: a job made through OpenAI's fine-tuning API by the name its
             # clients know (`fine_tuned_model`), any other by its id; both names answer.
@@ -76,7 +77,7 @@ def resolve_model(store: JobStore, model_id: str) -> ModelRef:
     if exported is not None:
         return exported
     try:
-        job = store.get_job(model_id)
+        job = store.get_visible(model_id)
     except JobNotFound:
         return _base_model(store, model_id)
     output = _output(job)
@@ -94,7 +95,7 @@ def _base_of_job(store: JobStore, model_id: str) -> ModelRef:
     """`base:<job id>`: the base model that job trained on, as its job file names it, alone."""
     job_id = model_id[len(BASE_MODEL_PREFIX):]
     try:
-        job = store.get_job(job_id, kind="train")
+        job = store.get_visible(job_id, kind="train")
     except JobNotFound:
         raise ModelNotFound(f"the model {model_id!r} names job {job_id!r}, which does not exist; {_MODELS_HINT}") from None
     if not JobFolder(Path(job.output_dir)).job_file.is_file():
@@ -109,7 +110,7 @@ def _base_of_job(store: JobStore, model_id: str) -> ModelRef:
 def _fine_tuned(store: JobStore, model_id: str, named: ModelName) -> ModelRef:
     """A fine-tuning job's model or one of its checkpoints, by its OpenAI name."""
     try:
-        job = store.get_job(named.job_id)
+        job = store.get_visible(named.job_id)
     except JobNotFound:
         raise ModelNotFound(f"the model {model_id!r} names job {named.job_id!r}, which does not exist; {_MODELS_HINT}") from None
     own = fine_tuned_model_name(job)
@@ -182,7 +183,7 @@ def _base_of(job: JobRecord, record: dict[str, Any]) -> dict[str, str]:
 def _base_model(store: JobStore, name: str) -> ModelRef:
     """A base model by a job's `model_name`: the newest job that loaded it says where it is."""
     used = False
-    for job in store.list_jobs():
+    for job in store.list_jobs(owner=seen_owner()):
         if job.request.get("model_name") != name:
             continue
         used = True

@@ -7,12 +7,15 @@ Kept free of torch so that it can be imported and tested on its own.
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
+import signal
 import sys
 import threading
 from collections.abc import Callable
+from types import FrameType
 from typing import IO, Any, NamedTuple, Optional, Union
 
 from finetune_studio.bounds import MAX_WARNING_CHARS, MAX_WARNINGS, bound_status, excerpt, fit, shrink
@@ -186,3 +189,19 @@ def open_child_wire(make_channel: MakeChannel = plain_channel) -> ChildWire:
     channel = make_channel(events, stop, spec)
     stop.listen(sys.stdin)
     return ChildWire(spec, channel, stop, events)
+
+
+def start_child(prog: str, what: str, argv: Optional[list[str]] = None) -> ChildWire:
+    """The start of an export or evaluation child (`python -m PROG --job-id ID`): the wire
+    opened, and SIGTERM (the supervisor's escalation after a stop's grace) made a stop, so
+    the child ends as a stop does, its partial files removed ("the export was terminated")."""
+    parser = argparse.ArgumentParser(prog=prog)
+    parser.add_argument("--job-id", required=True)
+    parser.parse_args(argv)
+    wire = open_child_wire()
+
+    def on_terminate(signum: int, frame: Optional[FrameType]) -> None:
+        wire.stop.set(f"the {what} was terminated")
+
+    signal.signal(signal.SIGTERM, on_terminate)
+    return wire

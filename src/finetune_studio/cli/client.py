@@ -139,6 +139,13 @@ class StudioClient:
     def start(self, request: dict[str, Any]) -> str:
         return str(self._request("POST", "/train/start", json=request)["job_id"])
 
+    def start_sweep(self, body: dict[str, Any]) -> str:
+        """POST /sweeps: the sweep's id."""
+        return str(self._request("POST", "/sweeps", json=body)["sweep_id"])
+
+    def sweep(self, sweep_id: str) -> dict[str, Any]:
+        return self._request("GET", f"/sweeps/{sweep_id}")  # type: ignore[no-any-return]
+
     def status(self, job_id: str) -> dict[str, Any]:
         return self._request("GET", f"/train/status/{job_id}")  # type: ignore[no-any-return]
 

@@ -45,7 +45,7 @@ def _serve(args: argparse.Namespace) -> int:
             settings = get_settings(
                 host=args.host, port=args.port, data_dir=args.data_dir, max_concurrent_jobs=args.max_concurrent_jobs,
                 ray_address=args.ray_address, max_concurrent_exports=args.max_concurrent_exports,
-                max_concurrent_evals=args.max_concurrent_evals,
+                max_concurrent_evals=args.max_concurrent_evals, accounts=True if args.accounts else None,
             )
         except UnsafeSettings as exc:  # a token that cannot protect anything, say
             print(f"error: refusing to start: {exc}", file=sys.stderr)
@@ -56,11 +56,11 @@ def _serve(args: argparse.Namespace) -> int:
                 where = ".".join(str(part) for part in error["loc"]) or "settings"
                 print(f"error: setting {where} (FINETUNE_STUDIO_{where.upper()}): {error['msg']}", file=sys.stderr)
             return 2
-        if not settings.is_loopback() and settings.token is None:
+        if not settings.is_loopback() and settings.token is None and not settings.accounts:
             print(
                 f"error: refusing to bind {settings.host}: anyone on the network could start jobs and read your files.\n"
                 "Set FINETUNE_STUDIO_TOKEN to a long random secret (clients send it as 'Authorization: Bearer ...'),"
-                " or bind 127.0.0.1.",
+                " turn accounts on (--accounts), or bind 127.0.0.1.",
                 file=sys.stderr,
             )
             return 2
@@ -194,7 +194,43 @@ def _webhooks(client: StudioClient, args: argparse.Namespace) -> int:
     return webhooks.run_list(client, sys.stdout, args.output_json)
 
 
+def _sweep(client: StudioClient, args: argparse.Namespace) -> int:
+    from finetune_studio.cli.sweep import run_sweep
+
+    return run_sweep(client, Path(args.file), sys.stdout, detach=args.detach, as_json=args.output_json)
+
+
+def _users(args: argparse.Namespace) -> int:
+    from finetune_studio.cli import users
+    from finetune_studio.config import get_settings
+
+    password = sys.stdin.readline().rstrip("\n") if getattr(args, "password_stdin", False) else None
+    return users.run(args.action, get_settings(data_dir=args.data_dir).data_dir, getattr(args, "name", None), password)
+
+
+def _add_users_parser(commands: Any) -> None:
+    users = commands.add_parser("users", help="accounts: make the first admin, add, remove or list users (on the data dir)")
+    actions = users.add_subparsers(dest="action", required=True)
+    for action, text in (("create-admin", "make an admin; prints a key with every scope, once"),
+                         ("add", "add a user; prints a key (read, train, chat, files), once"),
+                         ("remove", "remove a user and revoke their keys"), ("list", "list the users")):
+        parser = actions.add_parser(action, help=text)
+        if action != "list":
+            parser.add_argument("name")
+        if action in ("create-admin", "add"):
+            parser.add_argument("--password-stdin", action="store_true", help="read a password for the page's sign-in from stdin")
+        parser.add_argument("--data-dir", default=None, help="the server's data dir (default ~/.finetune-studio)")
+        parser.set_defaults(func=_users)
+
+
 def _add_webhooks_parser(commands: Any) -> None:
+    sweep = commands.add_parser(
+        "sweep", help="run a hyperparameter sweep (POST /sweeps) from a JSON file; a live table of its trials",
+    )
+    sweep.add_argument("file", metavar="FILE.json", help="the sweep: {request, space, objective, trials, ...} (docs/API.md, Sweeps)")
+    sweep.add_argument("--detach", action="store_true", help="create the sweep and print its id, without following it")
+    _client_options(sweep, "print the sweep's id, then its final state, as JSON")
+    sweep.set_defaults(func=_client_command(_sweep))
     hooks = commands.add_parser("webhooks", help="add, list or remove the server's webhooks")
     actions = hooks.add_subparsers(dest="action", required=True)
     add = actions.add_parser("add", help="register a webhook; its secret is printed once")
@@ -594,6 +630,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="train on this Ray cluster (auto: the one this machine belongs to; HOST:PORT or ray://HOST:PORT);"
              " needs finetune-studio[ray]; default FINETUNE_STUDIO_RAY_ADDRESS, or local training (docs/SCALE-OUT.md)",
     )
+    serve.add_argument("--accounts", action="store_true",
+                       help="users, API keys with scopes and owners (default FINETUNE_STUDIO_ACCOUNTS; docs/API.md, Accounts)")
     serve.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     serve.set_defaults(func=_serve)
 
@@ -629,6 +667,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_chat_parser(commands)
     _add_webhooks_parser(commands)
+    _add_users_parser(commands)
     _add_inspect_parser(commands)
     _add_eval_parser(commands)
 

@@ -26,19 +26,16 @@ server's chat process, reached through /v1.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
-import signal
 import sys
 import time
 import traceback
-from types import FrameType
 from typing import Any, Optional, Union
 
 from finetune_studio import failures
 from finetune_studio.atomic import write_atomically, write_file
-from finetune_studio.child.channel import Channel, JobFailure, StopRequested, StopSignal, open_child_wire
+from finetune_studio.child.channel import Channel, JobFailure, StopRequested, StopSignal, start_child
 from finetune_studio.child.chat_template import NO_TEMPLATE_WARNING, ensure_chat_template
 from finetune_studio.evaluation.api import EVALUATION_FAILED, OpenAIEndpoint
 from finetune_studio.evaluation.common import Context, ModelInfo, Progress, SuiteResult
@@ -179,16 +176,7 @@ def failure(exc: BaseException) -> tuple[str, str]:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="finetune_studio.evaluation.child")
-    parser.add_argument("--job-id", required=True)
-    parser.parse_args(argv)
-
-    spec, channel, stop, _ = open_child_wire()
-
-    def on_terminate(signum: int, frame: Optional[FrameType]) -> None:
-        stop.set("the evaluation was terminated")  # the supervisor's escalation: end as a stop does
-
-    signal.signal(signal.SIGTERM, on_terminate)
+    spec, channel, stop, _ = start_child("finetune_studio.evaluation.child", "evaluation", argv)
     evaluation = Evaluation(spec, channel, stop)
     try:
         table = evaluation.run()

@@ -23,7 +23,6 @@ export is left but the folder and its log.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import math
@@ -34,12 +33,11 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from types import FrameType
 from typing import Any, Literal, Optional
 
 from finetune_studio import failures
 from finetune_studio.atomic import save_atomically, write_file
-from finetune_studio.child.channel import Channel, JobFailure, StopRequested, StopSignal, open_child_wire
+from finetune_studio.child.channel import Channel, JobFailure, StopRequested, StopSignal, start_child
 from finetune_studio.export import files
 from finetune_studio.export.merge import JobRecord, MergeError, load_merged, save_merged
 from finetune_studio.export.process import ToolFailed
@@ -365,17 +363,7 @@ def failure(exc: BaseException) -> tuple[ErrorCode, str]:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="finetune_studio.export.child")
-    parser.add_argument("--job-id", required=True)
-    parser.parse_args(argv)
-
-    spec, channel, stop, _ = open_child_wire()
-
-    def on_terminate(signum: int, frame: Optional[FrameType]) -> None:
-        # The supervisor's escalation: stop as a stop does, so the partial files go too.
-        stop.set("the export was terminated")
-
-    signal.signal(signal.SIGTERM, on_terminate)
+    spec, channel, stop, _ = start_child("finetune_studio.export.child", "export", argv)
 
     try:
         export = Export(spec, channel, stop)

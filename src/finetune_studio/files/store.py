@@ -35,6 +35,7 @@ from finetune_studio.atomic import is_partial, write_atomically
 from finetune_studio.errors import FileNotFound, FileTooLarge
 from finetune_studio.files.checks import STUDIO_SUFFIXES, FileFacts, check_file
 from finetune_studio.files.preference import write_dpo_rows
+from finetune_studio.jobs.accounts import acting_owner, sees
 from finetune_studio.jobs.store import connect
 
 _COPY_CHUNK = 1024 * 1024
@@ -113,18 +114,19 @@ class FileStore:
         return Ingested(file_id, purpose, filename, size, final, facts)
 
     def record(self, ingested: Ingested) -> StoredFile:
-        """Insert the ingested file's row. When that fails (a full database), the file's
-        bytes are removed too: a file no row names would only take the space."""
+        """Insert the ingested file's row, owned by the current request's user (jobs/accounts.py).
+        When that fails (a full database), the file's bytes are removed too: a file no row names
+        would only take the space."""
         now = time.time()
         try:
             with self._db:
                 self._db.execute("BEGIN IMMEDIATE")
                 seq = self._db.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM files").fetchone()[0]
                 self._db.execute(
-                    "INSERT INTO files (id, seq, created_at, purpose, filename, bytes, path, facts_json)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    "INSERT INTO files (id, seq, created_at, purpose, filename, bytes, path, facts_json, owner)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (ingested.id, seq, now, ingested.purpose, ingested.filename, ingested.bytes, str(ingested.path),
-                     json.dumps(ingested.facts.to_json())),
+                     json.dumps(ingested.facts.to_json()), acting_owner()),
                 )
         except BaseException:
             for path in (ingested.path, ingested.path.with_name(ingested.id + DPO_SUFFIX)):
@@ -138,14 +140,33 @@ class FileStore:
     def get(self, file_id: str) -> StoredFile:
         row = self._db.execute("SELECT * FROM files WHERE id = ?", (file_id,)).fetchone()
         if row is None:
-            raise FileNotFound(f"no file with id {file_id!r}; GET /v1/files lists the stored files", param="file_id")
+            raise file_not_found(file_id)
         return _stored(row)
 
+    def get_visible(self, file_id: str) -> StoredFile:
+        """The file, as `get`, when the current request may see it: another user's is not found, as an unknown id."""
+        row = self._db.execute("SELECT * FROM files WHERE id = ?", (file_id,)).fetchone()
+        if row is None or not sees(row["owner"]):
+            raise file_not_found(file_id)
+        return _stored(row)
+
+    def owner_of(self, file_id: str) -> Optional[str]:
+        """The file's owner (None: none recorded); FileNotFound for an unknown id."""
+        row = self._db.execute("SELECT owner FROM files WHERE id = ?", (file_id,)).fetchone()
+        if row is None:
+            raise file_not_found(file_id)
+        return None if row[0] is None else str(row[0])
+
     def list(
-        self, purpose: Optional[str] = None, after: Optional[str] = None, limit: int = 10_000, newest_first: bool = True
+        self, purpose: Optional[str] = None, after: Optional[str] = None, limit: int = 10_000, newest_first: bool = True,
+        owner: Optional[str] = None,
     ) -> tuple[list[StoredFile], bool]:
-        """A page of files (and whether more follow), after the file `after` in the order asked."""
+        """A page of files (and whether more follow), after the file `after` in the order asked;
+        with `owner`, only that user's."""
         query, params = "SELECT * FROM files WHERE 1 = 1", []
+        if owner is not None:
+            query += " AND owner = ?"
+            params.append(owner)
         if purpose is not None:
             query += " AND purpose = ?"
             params.append(purpose)
@@ -168,6 +189,11 @@ class FileStore:
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
         return stored
+
+
+def file_not_found(file_id: str) -> FileNotFound:
+    """What an unknown file id answers (and another user's file, with accounts on)."""
+    return FileNotFound(f"no file with id {file_id!r}; GET /v1/files lists the stored files", param="file_id")
 
 
 def _copy(source: BinaryIO, target: Path, max_bytes: int, filename: str) -> int:

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import math
 import sys
+import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -65,6 +66,9 @@ MAX_BATCH_SIZE = 16
 # Prompt tokens prefilled in one step, at most (but one prompt always is): more
 # requests that arrive together start in the steps after, between decode steps.
 PREFILL_TOKENS_PER_STEP = 2048
+# How often, at most, the child says how it decodes (`stats`, for the server's /metrics): one
+# line a second while answers run, and one when the last of them ends.
+STATS_SECONDS = 1.0
 
 
 @dataclass
@@ -192,6 +196,12 @@ class Engine:
         self.max_batch_size = max(1, max_batch_size)
         self._requests: dict[str, Request] = {}  # every unfinished request, in arrival order
         self._batches: dict[tuple[BaseKey, str], Batch] = {}  # per base and lane (ChatModel.batch_lane)
+        # What the next `stats` line reports: tokens decoded and seconds spent in steps since the
+        # last one, the widest step among them, and when the last one went.
+        self._stats_tokens = 0
+        self._stats_seconds = 0.0
+        self._stats_widest = 0
+        self._stats_sent = 0.0  # when the report under way began (its first step)
 
     @property
     def busy(self) -> bool:
@@ -269,11 +279,41 @@ class Engine:
             self._close(request)
             if batch is not None:
                 batch.compact()
+            if self._stats_tokens and not self.running:  # the steps until now, reported with the last answer's end
+                self._report()
 
     # -- the loop -------------------------------------------------------------
 
     def step(self) -> None:
         """One step: every running request advances by one token, then waiting ones start."""
+        began = time.monotonic()
+        decoding = sum(len(batch.members) for batch in self._batches.values()) + sum(
+            1 for r in self._requests.values() if r.run is not None and r.run.batch is None)
+        self._decode()
+        if decoding:
+            self._count_step(decoding, time.monotonic() - began)
+        elif self._stats_tokens and not self.running:  # the last answers were cancelled or failed
+            self._report()
+
+    def _count_step(self, rows: int, seconds: float) -> None:
+        """Count a step that decoded `rows` answers; say so (`stats`) once a second, and when the
+        last answer has ended: {"type": "stats", "batch_size": the widest step's answers,
+        "tokens": tokens decoded, "seconds": time in those steps, "running": answers running now}."""
+        now = time.monotonic()
+        if not self._stats_tokens:  # a report's second starts with its first step
+            self._stats_sent = now - seconds
+        self._stats_tokens += rows
+        self._stats_seconds += seconds
+        self._stats_widest = max(self._stats_widest, rows)
+        if now - self._stats_sent >= STATS_SECONDS or not self.running:
+            self._report()
+
+    def _report(self) -> None:
+        self._emit({"type": "stats", "batch_size": self._stats_widest, "tokens": self._stats_tokens,
+                    "seconds": round(self._stats_seconds, 6), "running": self.running})
+        self._stats_tokens, self._stats_seconds, self._stats_widest = 0, 0.0, 0
+
+    def _decode(self) -> None:
         for batch in list(self._batches.values()):
             self._decode_batch(batch)
         for request in [r for r in self._requests.values() if r.run is not None and r.run.batch is None]:

@@ -31,3 +31,26 @@ class Counters:
     @staticmethod
     def bump(counts: dict[str, int], label: str) -> None:
         counts[label] = counts.get(label, 0) + 1
+
+
+@dataclass
+class ChatDecoding:
+    """How the chat child decodes, from its `stats` lines (inference/engine.py; at most one a
+    second while answers run, one when the last ends): the server's InferenceManager keeps one."""
+
+    batch_size: int = 0  # answers decoded together in the widest step of the latest report
+    tokens_per_second: float = 0.0  # decoded tokens over the seconds spent in steps, in the latest report
+    running: int = 0  # answers running when the latest report was sent
+    tokens: int = 0  # decoded tokens, all reports
+    seconds: float = 0.0  # seconds in decode steps, all reports
+
+    def record(self, message: dict[str, object]) -> None:
+        """Take a `stats` line; one that is malformed is ignored."""
+        batch, tokens, seconds, running = (message.get(name) for name in ("batch_size", "tokens", "seconds", "running"))
+        if not (isinstance(batch, int) and isinstance(tokens, int) and isinstance(seconds, (int, float))
+                and isinstance(running, int)) or tokens < 0 or seconds < 0:
+            return
+        self.batch_size, self.running = batch, running
+        self.tokens_per_second = tokens / seconds if seconds > 0 else 0.0
+        self.tokens += tokens
+        self.seconds += float(seconds)

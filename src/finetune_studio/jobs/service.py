@@ -15,7 +15,7 @@ import asyncio
 import secrets
 import shutil
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any, Optional, Union, cast
 
@@ -28,6 +28,7 @@ from finetune_studio.jobs.phases import EVAL_RUNNING, EXPORT_RUNNING, PHASES_OF,
 from finetune_studio.jobs.store import JobRecord, JobStore, StoredEvent
 from finetune_studio.jobs.summary import summarize
 from finetune_studio.schemas import (
+    SWEEP_TRIAL,
     EvalPhase,
     EvalProgress,
     EvalStatus,
@@ -140,13 +141,18 @@ class JobService:
         # Ends that could not be written (the store failed): job id -> the arguments of
         # its `transition`; the store shows their statuses meanwhile (JobStore.hold).
         self._held: dict[str, tuple[str, str, Optional[str], dict[str, Any]]] = {}
+        # Called with every event once it is written (the sweeps follow their trials: supervisor/sweeps.py);
+        # on the loop, so each must be quick and must not raise.
+        self.listeners: list[Callable[[StoredEvent], None]] = []
 
     # -- writes -------------------------------------------------------------
 
     def create_job(
-        self, request: dict[str, Any], message: str, details: dict[str, Any], kind: str = "train"
+        self, request: dict[str, Any], message: str, details: dict[str, Any], kind: str = "train",
+        owner: Optional[str] = None,
     ) -> JobRecord:
-        """Queue a job of `kind`; an export's request names the training job it exports (`job_id`)."""
+        """Queue a job of `kind`; an export's request names the training job it exports (`job_id`).
+        Its owner is `owner`, else the current request's user (jobs/accounts.py)."""
         job_id = new_job_id()
         # The output folder is the server's choice alone (never a path from the
         # request): the data dir's jobs/<random hex id> (exports/<id> for an export).
@@ -154,11 +160,13 @@ class JobService:
         output_dir = parent / job_id
         if output_dir.resolve().parent != parent.resolve():
             raise StudioError(f"refusing an output folder outside {parent}: {output_dir}")
+        if request.get(SWEEP_TRIAL):
+            details = {SWEEP_TRIAL: request[SWEEP_TRIAL], **details}
         status = make_status(
             job_id, "idle", message, details={"output_dir": str(output_dir), **details}, kind=kind,
             exported_job=str(request.get("job_id", "")),
         )
-        event = self.store.create_job(job_id, request, str(output_dir), status, kind=kind)
+        event = self.store.create_job(job_id, request, str(output_dir), status, kind=kind, owner=owner)
         self._publish(event, terminal=False)
         return self.store.get_job(job_id)
 
@@ -176,6 +184,8 @@ class JobService:
             # Every status of an export says what it exports, whatever its child reports.
             what: dict[str, Any] = {key: job.request[key] for key in ("format", "quantizations") if key in job.request}
             details = {**what, **(details or {})}
+        elif job.request.get(SWEEP_TRIAL):  # a sweep's trial says so in every status (supervisor/sweeps.py)
+            details = {SWEEP_TRIAL: job.request[SWEEP_TRIAL], **(details or {})}
         status = make_status(
             job_id, phase, message, error=error, details=details, kind=job.kind,
             exported_job=str(job.request.get("job_id", "")),
@@ -298,6 +308,8 @@ class JobService:
         feed.append(event, sse_frame(event), terminal)
         if terminal:
             del self._feeds[event.job_id]
+        for listener in self.listeners:
+            listener(event)
 
     async def keep_streams_alive(self) -> None:
         """Wake every reader each `keepalive_seconds`; an idle stream then sends a comment,

@@ -22,7 +22,11 @@ from typing import Any, Optional
 
 from finetune_studio.errors import InvalidTransition, JobNotFinished, JobNotFound, StorageFailed
 from finetune_studio.failures import StorageHealth
+from finetune_studio.jobs.accounts import MIGRATION as ACCOUNTS_MIGRATION
+from finetune_studio.jobs.accounts import AccountTable, acting_owner, sees
 from finetune_studio.jobs.phases import KINDS, PROGRESS_PHASES, TERMINAL, allowed_from
+from finetune_studio.jobs.sweeps import MIGRATION as SWEEPS_MIGRATION
+from finetune_studio.jobs.sweeps import SweepTable
 from finetune_studio.jobs.webhooks import MIGRATION as WEBHOOKS_MIGRATION
 from finetune_studio.jobs.webhooks import WebhookTable
 from finetune_studio.text import clean
@@ -107,6 +111,10 @@ MIGRATIONS: tuple[str, ...] = (
     """,
     # 6: webhooks and their outbox (jobs/webhooks.py): a delivery is written in the transaction of its status
     WEBHOOKS_MIGRATION,
+    # 7: sweeps, their trials and their event log (jobs/sweeps.py; Optuna's study is in sweeps.db)
+    SWEEPS_MIGRATION,
+    # 8: accounts (jobs/accounts.py): users, API keys, the audit log; every job's and file's owner
+    ACCOUNTS_MIGRATION,
 )
 
 
@@ -137,6 +145,7 @@ class JobRecord:
     last_event_id: int
     kind: str = "train"  # jobs/phases.py JobKind
     pause_requested: bool = False  # the stop asked for is a pause (it ends `stopped` with details.paused)
+    owner: Optional[str] = None  # the user who made it (jobs/accounts.py); None: made before accounts, or single-user
 
 
 def _dumps(payload: dict[str, Any]) -> str:
@@ -190,6 +199,12 @@ class JobStore:
         self._migrate()
         # Webhooks' registrations and outbox; a status write below queues its deliveries.
         self.webhooks = WebhookTable(self._db, self.health)
+        # Sweeps (POST /sweeps): their rows, trials and events; a status write queues its webhooks too.
+        self.sweeps: SweepTable = SweepTable(self._db, self.health, self.webhooks)
+
+    def accounts(self, secret: bytes) -> AccountTable:
+        """Users, keys and the audit log on this store's connection (accounts on only)."""
+        return AccountTable(self._db, self.health, secret)
 
     def close(self) -> None:
         self._db.close()
@@ -202,9 +217,12 @@ class JobStore:
     # -- writes -------------------------------------------------------------
 
     def create_job(
-        self, job_id: str, request: dict[str, Any], output_dir: str, status: dict[str, Any], kind: str = "train"
+        self, job_id: str, request: dict[str, Any], output_dir: str, status: dict[str, Any], kind: str = "train",
+        owner: Optional[str] = None,
     ) -> StoredEvent:
-        """Insert a queued (`idle`) job of `kind` and its first status event (id 1)."""
+        """Insert a queued (`idle`) job of `kind` and its first status event (id 1), owned by
+        `owner` (None: the current request's user, jobs/accounts.py; none in single-user mode)."""
+        owner = owner if owner is not None else acting_owner()
         if kind not in KINDS:
             raise ValueError(f"unknown job kind {kind!r} (kinds: {', '.join(KINDS)})")
         now = time.time()
@@ -214,8 +232,8 @@ class JobStore:
             seq = self._db.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM jobs").fetchone()[0]
             self._db.execute(
                 "INSERT INTO jobs (id, seq, created_at, updated_at, phase, status_json, request_json,"
-                " output_dir, last_event_id, kind) VALUES (?, ?, ?, ?, 'idle', ?, ?, ?, 1, ?)",
-                (job_id, seq, now, now, data, _dumps(request), output_dir, kind),
+                " output_dir, last_event_id, kind, owner) VALUES (?, ?, ?, ?, 'idle', ?, ?, ?, 1, ?, ?)",
+                (job_id, seq, now, now, data, _dumps(request), output_dir, kind, owner),
             )
             self._db.execute(
                 "INSERT INTO events (job_id, id, kind, data, created_at) VALUES (?, 1, 'status', ?, ?)",
@@ -439,12 +457,25 @@ class JobStore:
             raise JobNotFound(job_id)
         return self._record(row)
 
-    def list_jobs(self, kind: Optional[str] = "train", exported_job: Optional[str] = None) -> list[JobRecord]:
+    def get_visible(self, job_id: str, kind: Optional[str] = None) -> JobRecord:
+        """The job, as `get_job`, when the current request may see it (jobs/accounts.py `sees`):
+        another user's job is not found, exactly as an unknown id."""
+        record = self.get_job(job_id, kind)
+        if not sees(record.owner):
+            raise JobNotFound(job_id)
+        return record
+
+    def list_jobs(
+        self, kind: Optional[str] = "train", exported_job: Optional[str] = None, owner: Optional[str] = None
+    ) -> list[JobRecord]:
         """Jobs of `kind` (None: every kind), newest first; with `exported_job`, only
-        the exports of that training job."""
+        the exports of that training job; with `owner`, only that user's."""
         query, params = "SELECT * FROM jobs WHERE 1 = 1", []
         if kind is not None:
             query, params = query + " AND kind = ?", [kind]
+        if owner is not None:
+            query += " AND owner = ?"
+            params.append(owner)
         if exported_job is not None:
             query += " AND json_extract(request_json, '$.job_id') = ?"
             params.append(exported_job)
@@ -457,11 +488,22 @@ class JobStore:
 
     def queued_job_ids(self, kind: Optional[str] = "train") -> list[str]:
         """Jobs of `kind` (None: every kind) waiting to run, first in first out."""
+        return [job_id for job_id, _ in self.queued_jobs(kind)]
+
+    def queued_jobs(self, kind: Optional[str] = "train") -> list[tuple[str, Optional[str]]]:
+        """(id, owner) of the jobs of `kind` (None: every kind) waiting to run, first in first out."""
         if kind is None:
-            rows = self._db.execute("SELECT id FROM jobs WHERE phase = 'idle' ORDER BY seq")
+            rows = self._db.execute("SELECT id, owner FROM jobs WHERE phase = 'idle' ORDER BY seq")
         else:
-            rows = self._db.execute("SELECT id FROM jobs WHERE kind = ? AND phase = 'idle' ORDER BY seq", (kind,))
-        return [str(row[0]) for row in rows if str(row[0]) not in self._held]
+            rows = self._db.execute("SELECT id, owner FROM jobs WHERE kind = ? AND phase = 'idle' ORDER BY seq", (kind,))
+        return [(str(row[0]), row[1]) for row in rows if str(row[0]) not in self._held]
+
+    def owner_of(self, job_id: str) -> Optional[str]:
+        """The job's owner (None: none recorded); JobNotFound for an unknown id."""
+        row = self._db.execute("SELECT owner FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        if row is None:
+            raise JobNotFound(job_id)
+        return None if row[0] is None else str(row[0])
 
     def unfinished_jobs(self) -> list[JobRecord]:
         marks = ",".join("?" * len(TERMINAL))
@@ -554,4 +596,5 @@ def _record(row: sqlite3.Row) -> JobRecord:
         last_event_id=row["last_event_id"],
         kind=row["kind"],
         pause_requested=bool(row["pause_requested"]),
+        owner=row["owner"],
     )

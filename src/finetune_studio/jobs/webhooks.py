@@ -44,7 +44,7 @@ def _terminal(phase: str, details: dict[str, Any]) -> bool:
 
 # The one table of webhook events: name -> what sends it. OpenAI's three are sent for
 # every training job (a /train job and a /v1/fine_tuning job alike) in OpenAI's body
-# shape; the studio's own carry the phase in `data`. (Sweeps add theirs here.)
+# shape; the studio's own carry the phase in `data` (a sweep's: its status, or its trial's state).
 EVENTS: dict[str, EventType] = {
     "fine_tuning.job.succeeded": EventType("train", "a training job completed", _ended("succeeded")),
     "fine_tuning.job.failed": EventType("train", "a training job failed (phase error)", _ended("failed")),
@@ -52,6 +52,8 @@ EVENTS: dict[str, EventType] = {
     "studio.job.phase": EventType("train", "a training job entered a phase (every status change)", lambda p, d: True),
     "studio.export.completed": EventType("export", "an export ended: completed, error or stopped (data.phase)", _terminal),
     "studio.eval.completed": EventType("eval", "an evaluation ended: completed, error or stopped (data.phase)", _terminal),
+    "studio.sweep.completed": EventType("sweep", "a sweep ended: completed, stopped or error (data.phase)", _terminal),
+    "studio.sweep.trial": EventType("sweep_trial", "a sweep's trial ended: complete, pruned or failed (data.phase)", lambda p, d: True),
 }
 # What POST /webhooks/{id}/test sends (no registration asks for it).
 TEST_EVENT = "studio.webhook.test"

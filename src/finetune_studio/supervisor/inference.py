@@ -34,6 +34,7 @@ from typing import Any, Optional, Union
 from finetune_studio.config import Settings
 from finetune_studio.errors import InferenceUnavailable, StorageFailed
 from finetune_studio.failures import storage_fault
+from finetune_studio.jobs.counters import ChatDecoding
 from finetune_studio.supervisor.launcher import WorkerHandle, WorkerLauncher, log_tail, spawn_child
 from finetune_studio.wire import GenerateCommand, ModelRef, SamplingParams, WorkerSpec
 
@@ -110,6 +111,7 @@ class InferenceManager:
         self._child: Optional[_Child] = None
         self._starting = asyncio.Lock()
         self._closing = False
+        self.decoding = ChatDecoding()  # the child's `stats` lines, for /metrics
 
     @property
     def pid(self) -> Optional[int]:
@@ -226,11 +228,15 @@ class InferenceManager:
                     continue
                 if not isinstance(message, dict):
                     continue
+                if message.get("type") == "stats":
+                    self.decoding.record(message)
+                    continue
                 generation = child.requests.get(str(message.get("id")))
                 if generation is not None:
                     generation.deliver(message)
         finally:
             child.ended = True
+            self.decoding.running = 0  # a dead child decodes nothing
             reason = await self._death(child)
             for generation in list(child.requests.values()):
                 generation.deliver({"type": "crashed", "message": reason})

@@ -47,6 +47,10 @@ class Inspector:
         self.running = 0
         self.processes: set[asyncio.subprocess.Process] = set()
 
+    def pids(self) -> list[int]:
+        """The inspection children running now (for /metrics' memory)."""
+        return [process.pid for process in self.processes if process.returncode is None]
+
     async def inspect(self, body: dict[str, Any]) -> dict[str, Any]:
         """The child's `DatasetInspection` (as JSON) for a validated request body (secrets included)."""
         if self.running >= self.slots:

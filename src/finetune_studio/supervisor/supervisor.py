@@ -73,6 +73,7 @@ from finetune_studio.schemas import (
     BASE_MODEL_PREFIX,
     OPENAI_JOB,
     QUEUED_WARNINGS,
+    SWEEP_TRIAL,
     WITHHELD_SECRETS,
     EvalStatus,
     ExportStatus,
@@ -116,6 +117,7 @@ class ActiveJob:
     job_id: str
     request: dict[str, Any]
     kind: str = "train"
+    owner: Optional[str] = None  # the user whose job it is (jobs/accounts.py): the fair queue counts their runs
     handle: Optional[WorkerHandle] = None
     stop_requested: bool = False
     pause_requested: bool = False  # the stop asked for is a pause: it ends `stopped` with details.paused
@@ -159,12 +161,17 @@ class Supervisor:
             "eval": settings.max_concurrent_evals,
         }
         self._eval_models = eval_models
+        # Trials a sweep's pruner stopped: job id -> the step it was pruned at (their `stopped` says so).
+        self.pruned: dict[str, int] = {}
         self._export_tools_problem = export_tools_problem
         self._active: dict[str, ActiveJob] = {}
         # The secrets (hf_token, wandb_token) of queued jobs, held in memory only:
         # the rest of a request is read back from the store when the job starts. A
         # job queued before a restart runs without its tokens, and says so.
         self._secrets: dict[str, dict[str, str]] = {}
+        # Round-robin across owners (fair_order): per kind, when each owner's latest job started (a rising count).
+        self._starts = 0
+        self._last_started: dict[str, dict[Optional[str], int]] = {kind: {} for kind in KINDS}
         self._wake = asyncio.Event()
         self._loop_task: Optional[asyncio.Task[None]] = None
         self._closing = False
@@ -214,9 +221,13 @@ class Supervisor:
         self._wake.set()
 
     def queue_positions(self, kind: str = "train") -> dict[str, int]:
-        """The place of each queued job of `kind` in its own queue, from 1."""
-        waiting = [j for j in self.service.store.queued_job_ids(kind) if j not in self._active]
-        return {job_id: index + 1 for index, job_id in enumerate(waiting)}
+        """The place of each queued job of `kind` in its own queue, from 1: how many jobs start before it, plus one."""
+        return {job_id: index + 1 for index, job_id in enumerate(self._fair_queue(kind))}
+
+    def _fair_queue(self, kind: str) -> list[str]:
+        """The queued jobs of `kind` not running, in the order they start (`fair_order`)."""
+        waiting = [(job_id, owner) for job_id, owner in self.service.store.queued_jobs(kind) if job_id not in self._active]
+        return fair_order(waiting, self._last_started[kind])
 
     def active(self) -> list[tuple[str, str, Optional[int]]]:
         """(kind, id, child pid or None) of each job running now."""
@@ -241,7 +252,7 @@ class Supervisor:
         for kind in KINDS:
             # A run holds its slot until its child has exited (see `_run`), superseded runs included.
             running = sum(1 for job in self._active.values() if job.kind == kind)
-            for job_id in self.service.store.queued_job_ids(kind):
+            for job_id in self._fair_queue(kind):
                 if running >= self.slots[kind]:
                     break
                 if job_id in self._active or self.service.is_held(job_id):
@@ -251,6 +262,8 @@ class Supervisor:
                     continue  # it holds no slot while it waits (later exports may pass it)
                 active = self._prepare(job)
                 self._active[job_id] = active
+                self._starts += 1
+                self._last_started[kind][job.owner] = self._starts  # its owner's turn was taken (fair_order)
                 running += 1
                 active.task = asyncio.create_task(self._run(active), name=f"{kind}-{job_id}")
 
@@ -332,15 +345,15 @@ class Supervisor:
         if job.kind in ("export", "eval"):
             # Stored complete by the route (source_dir and quantizations included); it holds no secret.
             # An evaluation's credentials and resolved models are added as it launches (`_eval_spec`).
-            return ActiveJob(job.id, dict(job.request), kind=job.kind)
-        request = {k: v for k, v in job.request.items() if k not in (WITHHELD_SECRETS, QUEUED_WARNINGS, OPENAI_JOB)}
+            return ActiveJob(job.id, dict(job.request), kind=job.kind, owner=job.owner)
+        request = {k: v for k, v in job.request.items() if k not in (WITHHELD_SECRETS, QUEUED_WARNINGS, OPENAI_JOB, SWEEP_TRIAL)}
         secrets = self._secrets.pop(job.id, {})
         request.update(secrets)
         notes = [str(note) for note in job.request.get(QUEUED_WARNINGS, [])]
         lost = [name for name in job.request.get(WITHHELD_SECRETS, []) if name not in secrets]
         if lost:
             notes.append(f"this job was queued before a server restart and runs without {' and '.join(lost)}")
-        return ActiveJob(job.id, request, notes=notes)
+        return ActiveJob(job.id, request, owner=job.owner, notes=notes)
 
     # -- one job ------------------------------------------------------------
 
@@ -451,6 +464,8 @@ class Supervisor:
                     phase, text = "stopped", f"Stopped after its last step ({text})"
                 if phase == "stopped" and active.pause_requested:
                     text, details = _paused(details)
+                if phase == "stopped" and job_id in self.pruned:
+                    text, details = _pruned(details, self.pruned[job_id])
                 if (
                     phase == "completed" and active.kind == "train" and active.request.get("eval_after")
                     and self.service.store.get_job(job_id).phase == "training"  # the completing transition will be taken
@@ -491,6 +506,8 @@ class Supervisor:
             details["error_code"] = error_code
         if phase == "stopped" and job.pause_requested:
             text, details = _paused({**details, "reason": text})
+        if phase == "stopped" and job_id in self.pruned:
+            text, details = _pruned({**details, "reason": text}, self.pruned[job_id])
         if phase == "error":
             self.service.transition(job_id, "error", _FAILED[job.kind], error=text, details=details)
         else:
@@ -508,6 +525,14 @@ class Supervisor:
             first="Stop requested; the job stops after its current step and saves what it trained",
             again="A stop was already requested; the job stops after its current step",
         )
+
+    async def prune_job(self, job_id: str, step: int) -> None:
+        """Stop a sweep's trial for its pruner: it saves what it trained and ends `stopped` with
+        `details.pruned` and the step it was pruned at (`pruned_at_step`)."""
+        self.pruned[job_id] = step
+        job = self.service.store.get_job(job_id, kind="train")
+        if not is_terminal(job.phase):
+            await self._stop(job)
 
     async def stop_eval(self, eval_id: str) -> EvalStatus:
         """Stop an evaluation: a queued one at once; a running one ends `stopped` (nothing of it is kept)."""
@@ -566,7 +591,7 @@ class Supervisor:
         stored = {"models": models, "suites": suites, "label": label, "suite_names": names, "after_job": job_id}
         details = {"models": models, "suites": names, "label": label, "after_job": job_id}
         try:
-            evaluation = self.service.create_job(stored, message="Queued", details=details, kind="eval")
+            evaluation = self.service.create_job(stored, message="Queued", details=details, kind="eval", owner=active.owner)
         except StorageFailed as exc:
             log.warning("the evaluation of job %s (eval_after) was not queued: %s", job_id, exc)
             return None
@@ -674,6 +699,35 @@ class Supervisor:
         handle.kill()
 
 
+def fair_order(queued: list[tuple[str, Optional[str]]], last_started: dict[Optional[str], int]) -> list[str]:
+    """The order queued jobs start in: round-robin across owners, first in first out within one.
+
+    `queued` is (id, owner) first in first out; `last_started` says when (a rising count) each
+    owner's latest job started. The next job is the first queued job of the owner whose latest
+    start is the oldest (an owner with none first; ties go to the earlier queued job). So one
+    user's batch takes turns with another's single job; with one owner (a single-user server)
+    the order is the queue's."""
+    heads: dict[Optional[str], list[tuple[int, str]]] = {}
+    for index, (job_id, owner) in enumerate(queued):
+        heads.setdefault(owner, []).append((index, job_id))
+    started = dict(last_started)
+    tick = max(started.values(), default=0)
+    order: list[str] = []
+    pending = {owner: iter(jobs) for owner, jobs in heads.items()}
+    nexts = {owner: next(jobs) for owner, jobs in pending.items()}
+    while nexts:
+        owner = min(nexts, key=lambda who: (started.get(who, -1), nexts[who][0]))
+        order.append(nexts[owner][1])
+        tick += 1
+        started[owner] = tick
+        following = next(pending[owner], None)
+        if following is None:
+            del nexts[owner]
+        else:
+            nexts[owner] = following
+    return order
+
+
 async def _reap(handle: Optional[WorkerHandle]) -> None:
     """Make sure a run's child is gone: killed if it still runs, and waited for."""
     if handle is None:
@@ -706,6 +760,12 @@ def _paused(details: Optional[dict[str, Any]]) -> tuple[str, dict[str, Any]]:
     where = f" after step {steps}" if steps is not None else ""
     then = f"; resume continues from {Path(str(checkpoint)).name}" if checkpoint else ""
     return f"Paused{where}{then}", details
+
+
+def _pruned(details: Optional[dict[str, Any]], step: int) -> tuple[str, dict[str, Any]]:
+    """The message and details of a trial its sweep's pruner stopped."""
+    details = {**(details or {}), "pruned": True, "pruned_at_step": step}
+    return f"Pruned by its sweep at step {step}; it saved what it trained", details
 
 
 def _death_advice(exit_info: WorkerExit, kind: str = "train") -> str:

@@ -13,6 +13,7 @@ from transformers import TrainerCallback
 
 from finetune_studio.child.channel import Channel, StopSignal
 from finetune_studio.training.throughput import Utilization
+from finetune_studio.training.trackers import Trackers
 
 # The tokens-per-second rate is taken over this many of the latest steps: recent
 # enough to follow a change of speed, long enough not to jump with every batch.
@@ -183,6 +184,8 @@ class ProgressCallback(TrainerCallback):
         # Set by the recipe once it knows the device's peak: each step's `mfu`.
         self.utilization: Optional[Utilization] = None
         self.rows_per_step = 1  # rows trained in an optimizer step (all workers): for the mean row length
+        # Set by the recipe when report_to names MLflow or Trackio: each event's metrics go to them too.
+        self.trackers: Optional[Trackers] = None
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.started = time.monotonic()
@@ -261,6 +264,8 @@ class ProgressCallback(TrainerCallback):
     def _flush(self) -> None:
         if self.pending is not None:
             self.channel.progress(**self.pending)
+            if self.trackers is not None:
+                self.trackers.log_step(self.pending)
             self.pending = None
 
     def _tokens_per_second(self, now: float, tokens: Optional[int]) -> Optional[float]:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
 from finetune_studio.atomic import save_atomically, write_file
-from finetune_studio.child.channel import Channel, JobFailure, StopSignal
+from finetune_studio.child.channel import Channel, JobFailure, StopRequested, StopSignal
 from finetune_studio.child.chat_template import NO_TEMPLATE_WARNING, ensure_chat_template, needs_template
 from finetune_studio.child.datasets import DatasetError, LoadedData, load_eval_data, load_training_data, measure
 from finetune_studio.child.models import ModelSource, load_tokenizer_and_model, resolve_source
@@ -34,6 +34,7 @@ if TYPE_CHECKING:  # transformers is imported only once the job has announced lo
 
     from finetune_studio.training.callbacks import ProgressCallback
     from finetune_studio.training.throughput import Utilization
+    from finetune_studio.training.trackers import Trackers
 
 
 def has_module(name: str) -> bool:
@@ -52,6 +53,7 @@ class Recipe:
         self.progress_callback: Optional[ProgressCallback] = None  # set by build_trainer
         self.early_stopping: Optional[EarlyStoppingCallback] = None  # set by build_trainer when patience is given
         self.extra_callbacks: list[Any] = []  # a launcher's own (Ray: uploading checkpoints), after the recipe's
+        self.trackers: Optional[Trackers] = None  # report_to's MLflow and Trackio runs, opened by open_trackers
         self.precision: Optional[PrecisionChoice] = None  # decided by load_model
         self.facts: dict[str, Any] = {"output_dir": str(self.output_dir), "worker_pid": os.getpid()}
         for warning in spec.warnings:
@@ -89,6 +91,16 @@ class Recipe:
     # -- the recipe ---------------------------------------------------------
 
     def run(self) -> None:
+        try:
+            self._run()
+        except StopRequested:
+            self.end_trackers("stopped")
+            raise
+        except BaseException:
+            self.end_trackers("error")
+            raise
+
+    def _run(self) -> None:
         request = self.request
         self.enter("loading_model", f"Loading model {request.model_local_path or request.model_name}")
         resume_from = self.resume_checkpoint()
@@ -125,6 +137,7 @@ class Recipe:
         self.attach_compilation(trainer)
         if trainer.is_world_process_zero():  # data-parallel workers (Ray) share one job folder: one writes
             self.write_job_file(source)
+            self.open_trackers()  # one tracker run per job, too
         self.stop.check()
 
         # The `training` status is sent by the callback once the trainer knows its steps.
@@ -139,6 +152,7 @@ class Recipe:
         self.save(trainer, tokenizer)
         if self.stop.is_set():
             self.phase = "stopped"
+            self.end_trackers("stopped")
             self.channel.status(
                 "stopped",
                 f"Stopped at step {final} of {trainer.state.max_steps} ({self.stop.reason}); what was trained is saved",
@@ -150,7 +164,26 @@ class Recipe:
             self.facts["eval_loss"] = metrics.get("eval_loss")
         self.phase = "completed"
         message = self.early_stop_message(trainer.state) or f"Training completed: {final} steps"
+        self.end_trackers("completed")
         self.channel.status("completed", message, details=self.details())
+
+    def open_trackers(self) -> None:
+        """report_to's MLflow and Trackio runs (training/trackers.py), fed by the progress callback;
+        where they are goes in `details.trackers`."""
+        from finetune_studio.training.trackers import OWN_TRACKERS, Trackers, wanted_trackers
+
+        names = [name for name in wanted_trackers(self.request) if name in OWN_TRACKERS]
+        if not names:
+            return
+        self.trackers = Trackers.open(self.request, self.job_id, self.channel.warn, names)
+        if self.trackers.runs:
+            self.facts["trackers"] = self.trackers.details()
+        if self.progress_callback is not None:
+            self.progress_callback.trackers = self.trackers
+
+    def end_trackers(self, outcome: str) -> None:
+        if self.trackers is not None:
+            self.trackers.end(outcome)
 
     def check_early_stopping(self, eval_data: Optional[LoadedData]) -> None:
         """Early stopping watches the evaluation loss, so it needs evaluations: without them
@@ -340,8 +373,11 @@ class Recipe:
         if optim != request.optim:
             self.channel.warn(f"optim {request.optim} needs CUDA and bitsandbytes; {optim} is used")
 
+        from finetune_studio.training.trackers import wanted_trackers
+
+        wanted = wanted_trackers(request)
         report_to = []
-        if request.enable_wandb:
+        if "wandb" in wanted:
             if has_module("wandb"):
                 report_to.append("wandb")
                 if request.wandb_token:
@@ -350,7 +386,7 @@ class Recipe:
                     os.environ["WANDB_PROJECT"] = request.wandb_project
             else:
                 self.channel.warn("enable_wandb: wandb is not installed (pip install wandb); not logging to W&B")
-        if request.enable_tensorboard:
+        if "tensorboard" in wanted:
             if has_module("tensorboard") or has_module("tensorboardX"):
                 report_to.append("tensorboard")
                 self.facts["tensorboard_dir"] = request.tensorboard_dir or str(self.output_dir / "tensorboard")

@@ -16,6 +16,8 @@
 //   dom.js       el(tag, props, ...children): the views' one element builder
 //   schedule.js  renders coalesced to one per animation frame (job view, chat, export panel)
 //   format.js    words and numbers for people (phases, durations, metrics, sizes)
+//   webhooks.js  the webhooks panel: add, test, deliveries, remove
+//   trackers.js  a run's links to its experiment trackers (details.trackers)
 
 import { ChatView } from "./chat.js";
 import { EvalView } from "./evaluation.js";
@@ -30,6 +32,7 @@ import { RunTools } from "./runtools.js";
 import { setUpSettings } from "./settings.js";
 import { watchDatasetFields } from "./inspect.js";
 import { Uploads } from "./upload.js";
+import { WebhooksPanel } from "./webhooks.js";
 
 // One column (phones, narrow windows): the form sits above the run's view.
 const ONE_COLUMN = "(max-width: 820px)";
@@ -91,6 +94,7 @@ async function main() {
   }
 
   setUpSettings();
+  new WebhooksPanel(document.getElementById("webhooks-panel"));
   window.addEventListener("studio:token", () => {
     jobs.refresh();
     view.retry();

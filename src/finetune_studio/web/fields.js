@@ -83,6 +83,7 @@ export const FIELDS = [
   { name: "resources_per_worker", label: "Resources per worker", kind: "json", group: "Cluster", cluster: true, hint: 'JSON, e.g. {"CPU": 2, "GPU": 1}; empty: {"CPU": 1}.' },
 
   // Advanced: logging
+  { name: "report_to", label: "Experiment trackers", kind: "csv", group: "Logging", hint: "Comma-separated: mlflow (at the server's MLFLOW_TRACKING_URI), trackio, wandb, tensorboard." },
   { name: "enable_tensorboard", label: "TensorBoard", kind: "bool", group: "Logging" },
   { name: "tensorboard_dir", label: "TensorBoard folder", kind: "text", group: "Logging" },
   { name: "enable_wandb", label: "Weights & Biases", kind: "bool", group: "Logging" },

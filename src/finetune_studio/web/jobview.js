@@ -9,6 +9,7 @@
 import { api, ApiError } from "./api.js";
 import { renderAlerts } from "./alerts.js";
 import { renderCluster } from "./cluster.js";
+import { renderTrackers } from "./trackers.js";
 import { CompareSelect } from "./compare.js";
 import { EvalPanel } from "./evalpanel.js";
 import { EvalSamples } from "./evalsamples.js";
@@ -130,6 +131,7 @@ export class JobView {
     const listed = this.jobs.statusOf(feed.jobId);
     const listedDetails = listed && listed.details && listed.details.ray ? listed.details : null;
     renderCluster(this.root.querySelector("#job-cluster"), feed.status || listed, feed.cluster || listedDetails);
+    renderTrackers(this.root.querySelector("#job-trackers"), feed.status || listed);
     this.timeline.render(feed);
     this.progress.render(feed);
     renderAlerts(this.root, feed.status, this.stopError);

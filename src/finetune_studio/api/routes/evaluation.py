@@ -33,8 +33,9 @@ from finetune_studio.api.job_stream import (
     stream_responses,
 )
 from finetune_studio.api.served_models import resolve_model
-from finetune_studio.config import Settings
+from finetune_studio.config import Settings, roots_named, within
 from finetune_studio.errors import JobNotFound, ModelNotFound, PathNotAllowed, QueueFull, StartRefused, StudioError
+from finetune_studio.jobs.accounts import seen_owner
 from finetune_studio.jobs.store import JobRecord, JobStore
 from finetune_studio.outbound import name_problem
 from finetune_studio.schemas import (
@@ -152,10 +153,10 @@ def _inside(field: str, name: str, roots: Optional[list[Path]]) -> Path:
         path = Path(os.path.expanduser(name)).resolve()
     except (OSError, RuntimeError, ValueError) as exc:
         raise StartRefused(f"{field}: {name!r} is not a valid path ({exc})", field=field) from None
-    if roots is not None and not any(path.is_relative_to(root) for root in roots):
+    if roots is not None and not within(path, roots):
         raise PathNotAllowed(
             f"{field}: {name!r} is outside the folders this server accepts paths from; paths must lie under"
-            f" {', '.join(str(r) for r in roots)} (the operator sets them with FINETUNE_STUDIO_ALLOWED_ROOTS)",
+            f" {roots_named(roots)} (the operator sets them with FINETUNE_STUDIO_ALLOWED_ROOTS)",
             field=field,
         )
     return path
@@ -274,7 +275,7 @@ async def stop_eval(eval_id: str, studio: StudioDep) -> EvalStatus:
 async def list_evals(studio: StudioDep) -> EvalList:
     """Every evaluation's current status, newest first."""
     positions = studio.supervisor.queue_positions("eval")
-    data = [studio.service.eval_status_of(job, positions.get(job.id)) for job in studio.service.store.list_jobs(kind="eval")]
+    data = [studio.service.eval_status_of(job, positions.get(job.id)) for job in studio.service.store.list_jobs(kind="eval", owner=seen_owner())]
     return EvalList(data=data, count=len(data))
 
 

@@ -28,6 +28,7 @@ from finetune_studio.api.job_stream import (
 from finetune_studio.api.ranges import FileDownload
 from finetune_studio.errors import JobNotFound
 from finetune_studio.export.tools import tools_problem
+from finetune_studio.jobs.accounts import seen_owner
 from finetune_studio.jobs.phases import has_result
 from finetune_studio.jobs.store import JobRecord
 from finetune_studio.schemas import (
@@ -102,7 +103,7 @@ def _result_problem(job: JobRecord) -> Optional[str]:
 async def start_export(request: ExportStartRequest, studio: StudioDep) -> Response:
     """Queue an export of a training job's result. It runs in its own slot, beside training."""
     try:
-        job = studio.service.store.get_job(request.job_id, kind="train")
+        job = studio.service.store.get_visible(request.job_id, kind="train")
     except JobNotFound:
         return _refused(status.HTTP_404_NOT_FOUND, f"no training job with id {request.job_id!r} (GET /train/jobs lists them)")
     problem = _result_problem(job)
@@ -189,7 +190,7 @@ async def list_exports(
 ) -> ExportList:
     """Every export's current status, newest first."""
     positions = studio.supervisor.queue_positions("export")
-    exports = studio.service.store.list_jobs(kind="export", exported_job=job_id)
+    exports = studio.service.store.list_jobs(kind="export", exported_job=job_id, owner=seen_owner())
     data = [studio.service.export_status_of(job, positions.get(job.id)) for job in exports]
     return ExportList(data=data, count=len(data))
 

@@ -25,6 +25,7 @@ from finetune_studio.bounds import MAX_PAGE_ITEMS
 from finetune_studio.errors import InvalidFile
 from finetune_studio.files.checks import PURPOSES
 from finetune_studio.files.store import StoredFile
+from finetune_studio.jobs.accounts import seen_owner
 from finetune_studio.openai_wire import ErrorResponse, FileDeleted, FileList, FileObject
 
 router = APIRouter(prefix="/v1/files", tags=["openai"])
@@ -118,7 +119,7 @@ async def list_files(
     order: Literal["asc", "desc"] = "desc",
 ) -> FileList:
     """The stored files, newest first (or oldest first with `order=asc`), `limit` a page, after the file `after`."""
-    page, more = studio.files.list(purpose=purpose, after=after, limit=limit, newest_first=order == "desc")
+    page, more = studio.files.list(purpose=purpose, after=after, limit=limit, newest_first=order == "desc", owner=seen_owner())
     data = [file_object(stored) for stored in page]
     return FileList(data=data, has_more=more, first_id=data[0].id if data else None, last_id=data[-1].id if data else None)
 

@@ -17,6 +17,7 @@ from finetune_studio.api.deps import JobDep, PageLimit, Responses, StudioDep
 from finetune_studio.api.openai_jobs import job_checkpoints, job_events, job_object, training_request
 from finetune_studio.api.routes.train import queue_training
 from finetune_studio.errors import InvalidChatRequest
+from finetune_studio.jobs.accounts import seen_owner
 from finetune_studio.openai_wire import (
     ErrorResponse,
     FineTuningJob,
@@ -46,7 +47,7 @@ async def create_job(body: FineTuningJobRequest, studio: StudioDep) -> FineTunin
 @router.get("/jobs", responses=_ERRORS)
 async def list_jobs(studio: StudioDep, after: Optional[str] = None, limit: PageLimit = 20) -> FineTuningJobList:
     """Every training job, newest first; `after` a job id, `has_more` whether older ones follow."""
-    jobs = studio.service.store.list_jobs()
+    jobs = studio.service.store.list_jobs(owner=seen_owner())
     if after is not None:
         index = next((i for i, job in enumerate(jobs) if job.id == after), None)
         if index is None:

@@ -20,9 +20,11 @@ from finetune_studio.api.job_stream import (
     stream_responses,
 )
 from finetune_studio.api.routes.evaluation import check_suites
-from finetune_studio.errors import JobNotFinished, StorageFailed
+from finetune_studio.errors import JobNotFinished, JobNotFound, QueueFull, StartRefused, StorageFailed
+from finetune_studio.jobs.accounts import acting_owner, seen_owner
 from finetune_studio.jobs.phases import is_terminal
 from finetune_studio.jobs.store import JobRecord
+from finetune_studio.paths import is_local
 from finetune_studio.schemas import (
     QUEUED_WARNINGS,
     SECRET_FIELDS,
@@ -59,6 +61,7 @@ def queue_training(studio: Studio, request: TrainingStartRequest, extra: Optiona
     `extra`, stored beside the request's)."""
     service, supervisor = studio.service, studio.supervisor
     check_start(request, studio.settings, queued=len(supervisor.queue_positions()))
+    check_owner_limits(studio, request)
     if request.eval_after:  # the evaluation it queues when it completes: its files and judge, checked now
         check_suites(request.eval_after, studio.settings, service.store, prefix="eval_after")
     stored = request.redacted()
@@ -73,6 +76,24 @@ def queue_training(studio: Studio, request: TrainingStartRequest, extra: Optiona
     job = service.create_job(stored, message="Queued", details=details)
     supervisor.submit(job.id, secrets)
     return job
+
+
+def check_owner_limits(studio: Studio, request: TrainingStartRequest) -> None:
+    """With accounts on: a user's queued jobs stay within max_queued_jobs_per_user, and a job
+    resumes only from a checkpoint of a job its user may see (by id; paths obey the roots)."""
+    owner = acting_owner()
+    if owner is None:
+        return
+    limit = studio.settings.max_queued_jobs_per_user
+    mine = sum(1 for _, queued_by in studio.service.store.queued_jobs("train") if queued_by == owner)
+    if mine >= limit:
+        raise QueueFull(f"you have {mine} jobs waiting, the limit per user is {limit} (max_queued_jobs_per_user); try again later")
+    resume = request.resume_from_checkpoint
+    if resume and not is_local(resume):
+        try:
+            studio.service.store.get_visible(resume, kind="train")
+        except JobNotFound as exc:
+            raise StartRefused(f"resume_from_checkpoint: {exc}", field="resume_from_checkpoint") from None
 
 
 @router.get("/status/{job_id}", response_model=TrainingStatus, responses=_NOT_FOUND)
@@ -133,7 +154,7 @@ async def list_jobs(studio: StudioDep) -> JobList:
     # A training job's summary so far is read here (one query); a finished job's is stored.
     data = [
         studio.service.status_of(job, positions.get(job.id), with_summary=True, with_names=True)
-        for job in studio.service.store.list_jobs()
+        for job in studio.service.store.list_jobs(owner=seen_owner())
     ]
     return JobList(data=data, count=len(data))
 

@@ -27,6 +27,8 @@ from finetune_studio.schemas import (
     WebhookDeleted,
     WebhookDelivery,
     WebhookDeliveryList,
+    WebhookEventList,
+    WebhookEventType,
     WebhookList,
 )
 from finetune_studio.supervisor.webhooks import SETTING
@@ -106,6 +108,12 @@ async def create_webhook(body: WebhookCreate, studio: StudioDep) -> WebhookCreat
 async def list_webhooks(studio: StudioDep) -> WebhookList:
     """Every registration (without its secret)."""
     return WebhookList(data=[Webhook(**_webhook(record)) for record in studio.service.store.webhooks.all()])
+
+
+@router.get("/events", response_model=WebhookEventList)
+async def list_event_types() -> WebhookEventList:
+    """The events a registration may ask for, each with what sends it (the page's choices)."""
+    return WebhookEventList(data=[WebhookEventType(name=name, description=event.description) for name, event in EVENTS.items()])
 
 
 @router.delete("/{webhook_id}", response_model=WebhookDeleted, responses=_NOT_FOUND)

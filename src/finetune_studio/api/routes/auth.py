@@ -1,0 +1,118 @@
+"""/auth: the caller, API keys, users and the audit log (with accounts on only; docs/API.md, Accounts).
+
+A key is shown once, in POST /auth/keys' answer; lists show its prefix. A user sees and
+revokes their own keys (another user's key is the 404 of an unknown id); admins see all,
+manage users and read the audit log. The scope of each route is in api/scopes.py.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from fastapi import APIRouter, Query, Request, status
+from fastapi.responses import Response
+
+from finetune_studio.api.accounts import Accounts, Forbidden
+from finetune_studio.bounds import MAX_PAGE_ITEMS
+from finetune_studio.jobs.accounts import ACTING, AccountNotFound, Principal
+from finetune_studio.schemas import KeyCreate, UserCreate
+
+router = APIRouter(prefix="/auth", tags=["auth"])
+
+
+def _accounts(request: Request) -> Accounts:
+    return request.app.state.accounts  # type: ignore[no-any-return]
+
+
+def _caller() -> Principal:
+    principal = ACTING.get()
+    assert principal is not None  # noqa: S101 (the guard sets one for every /auth route)
+    return principal
+
+
+def _address(request: Request) -> Optional[str]:
+    return request.client.host if request.client else None
+
+
+@router.get("/me")
+async def me() -> dict[str, Any]:
+    """Who the key acts as: the user's name, whether an admin, the key's scopes."""
+    caller = _caller()
+    return {"name": caller.name, "admin": caller.admin, "scopes": sorted(caller.scopes), "key_id": caller.key_id}
+
+
+@router.post("/keys", status_code=status.HTTP_201_CREATED)
+async def create_key(body: KeyCreate, request: Request) -> dict[str, Any]:
+    """A new key, shown once in `key` (only its HMAC is stored). Its scopes are at most the caller's."""
+    caller, accounts = _caller(), _accounts(request)
+    user = body.user or caller.name
+    if user != caller.name and not caller.admin:
+        raise Forbidden("user: only an admin makes keys for another user")
+    extra = sorted(set(body.scopes) - caller.scopes)
+    if extra or ("admin" in body.scopes and accounts.table.user(user) is not None and not _is_admin(accounts, user)):
+        why = f"this key does not hold {', '.join(extra)}" if extra else f"{user} is not an admin"
+        raise Forbidden(f"scopes: a new key holds at most its maker's scopes, and admin only for an admin ({why})")
+    record, key = accounts.table.create_key(user, body.name, body.scopes, body.expires_in_days)
+    accounts.table.audit(caller.name, "key_created", record.id, _address(request), f"for {user}: {','.join(record.scopes)}")
+    return {**record.to_json(), "key": key}
+
+
+def _is_admin(accounts: Accounts, name: str) -> bool:
+    user = accounts.table.user(name)
+    return user is not None and user.admin
+
+
+@router.get("/keys")
+async def list_keys(request: Request) -> dict[str, Any]:
+    """The keys not revoked: the caller's own (an admin's: everyone's), newest first."""
+    caller = _caller()
+    keys = _accounts(request).table.keys(None if caller.admin else caller.name)
+    return {"data": [key.to_json() for key in keys], "count": len(keys)}
+
+
+@router.delete("/keys/{key_id}", status_code=status.HTTP_204_NO_CONTENT)
+async def revoke_key(key_id: str, request: Request) -> Response:
+    """Revoke a key: its next request is a 401, and its open streams end now."""
+    caller, accounts = _caller(), _accounts(request)
+    record = accounts.table.key(key_id)
+    if record is None or record.revoked_at is not None or not caller.sees(record.user):
+        raise AccountNotFound(f"no key {key_id!r}: GET /auth/keys lists them")
+    accounts.revoke(key_id)
+    accounts.table.audit(caller.name, "key_revoked", key_id, _address(request), f"of {record.user}")
+    return Response(status_code=status.HTTP_204_NO_CONTENT)
+
+
+@router.post("/users", status_code=status.HTTP_201_CREATED)
+async def add_user(body: UserCreate, request: Request) -> dict[str, Any]:
+    """Add a user (admins). There is no sign-up: only an admin adds users."""
+    accounts = _accounts(request)
+    user = accounts.table.add_user(body.name, body.password, admin=body.admin)
+    accounts.table.audit(_caller().name, "user_added", user.name, _address(request), "admin" if user.admin else None)
+    return user.to_json()
+
+
+@router.get("/users")
+async def list_users(request: Request) -> dict[str, Any]:
+    users = _accounts(request).table.users()
+    return {"data": [user.to_json() for user in users], "count": len(users)}
+
+
+@router.delete("/users/{name}", status_code=status.HTTP_204_NO_CONTENT)
+async def remove_user(name: str, request: Request) -> Response:
+    """Remove a user and revoke their keys (their jobs and files stay, seen by admins)."""
+    accounts = _accounts(request)
+    for key in accounts.table.keys(name):
+        accounts.revoke(key.id)
+    accounts.table.remove_user(name)
+    accounts.table.audit(_caller().name, "user_removed", name, _address(request))
+    return Response(status_code=status.HTTP_204_NO_CONTENT)
+
+
+@router.get("/audit")
+async def audit(
+    request: Request, after: int = Query(default=0, ge=0), limit: int = Query(default=100, ge=1, le=MAX_PAGE_ITEMS)
+) -> dict[str, Any]:
+    """The audit log, oldest first, after row `after`: who started, stopped, deleted and exported what,
+    keys made and revoked, users added and removed, and failed keys."""
+    rows = _accounts(request).table.audit_rows(after, limit)
+    return {"data": rows, "count": len(rows)}
