@@ -47,6 +47,7 @@ from typing import Any, Optional
 
 from finetune_studio.atomic import write_atomically
 from finetune_studio.schemas import CompileChoice
+from finetune_studio.training.throughput import measured_numbers, read_measured
 
 # Eager optimizer steps `auto` trains and times before it decides (the first is warm-up).
 COMPILE_PROBE_STEPS = 4
@@ -136,19 +137,7 @@ def decide_compile(asked: CompileChoice, figures: Optional[CompileFigures] = Non
 
 
 def read_records(path: Path) -> dict[str, dict[str, float]]:
-    try:
-        found = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    if not isinstance(found, dict):
-        return {}
-    records: dict[str, dict[str, float]] = {}
-    for key, value in found.items():
-        if isinstance(value, dict):
-            numbers = {str(k): float(v) for k, v in value.items()
-                       if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0}
-            records[str(key)] = numbers
-    return records
+    return {key: measured_numbers(value) for key, value in read_measured(path).items() if isinstance(value, dict)}
 
 
 def write_record(path: Path, key: str, record: dict[str, float]) -> None:

@@ -149,14 +149,26 @@ def probe(cuda: bool, dtype: Dtype, seconds: float = PROBE_SECONDS) -> float:
     return 2.0 * size**3 / best
 
 
-def _read_cache(path: Path) -> dict[str, float]:
+def read_measured(path: Path) -> dict[str, Any]:
+    """A cache of figures measured on this machine (a JSON object); empty where it is
+    missing, unreadable or not an object: the figures are then measured again."""
     try:
         found = json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
+    return {str(key): value for key, value in found.items()} if isinstance(found, dict) else {}
+
+
+def measured_numbers(found: Any) -> dict[str, float]:
+    """The positive, finite numbers of a cached object (anything else in it is ignored)."""
     if not isinstance(found, dict):
         return {}
-    return {str(k): float(v) for k, v in found.items() if isinstance(v, (int, float)) and math.isfinite(v) and v > 0}
+    return {str(k): float(v) for k, v in found.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0}
+
+
+def _read_cache(path: Path) -> dict[str, float]:
+    return measured_numbers(read_measured(path))
 
 
 def peak_flops(cuda: bool, dtype: Dtype, path: Optional[Path] = None, *, again: bool = False) -> Peak:
