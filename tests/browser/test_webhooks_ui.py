@@ -39,7 +39,7 @@ def test_add_a_webhook_send_its_test_event_see_the_delivery_and_remove_it(studio
         open_ui(page, studio.url)
         panel = page.get_by_test_id("webhooks-panel")
         panel.locator("summary").click()
-        # The event choices come from the server (GET /webhooks/events); OpenAI's three are ticked.
+        # The event choices come from the server (GET /webhook-events); OpenAI's three are ticked.
         expect(panel.get_by_test_id("webhook-event-fine_tuning.job.succeeded")).to_be_checked()
         expect(panel.get_by_test_id("webhook-event-studio.job.phase")).not_to_be_checked()
 

@@ -85,7 +85,8 @@ def prompt_words(prompt: Any) -> list[str]:
 
 def start_completion(command: dict[str, Any]) -> Request:
     """A completion (/v1/completions): the prompt's tokens, with their logprobs when asked (each
-    -0.5 but the first's, null; the alternatives as for an answer); no answer is made."""
+    -0.5 but the first's, null; the alternatives as for an answer); no answer is made, and the
+    prompt "hang" is held (`holding <id>`) until it is cancelled."""
     params = command["params"]
     words = prompt_words(command["prompt"])
     top = int(params.get("top_logprobs") or 0)
@@ -99,7 +100,10 @@ def start_completion(command: dict[str, Any]) -> Request:
             entries.append(entry)
         started["prompt_logprobs"] = entries
     send(started)
-    return Request(command["id"], [], len(words), params["max_tokens"], [],
+    hang = isinstance(command["prompt"], str) and command["prompt"].strip() == "hang"
+    if hang:  # held until cancelled, as a chat answer to "hang" is
+        note(f"holding {command['id']}")
+    return Request(command["id"], [], len(words), params["max_tokens"], [], hang=hang,
                    top_logprobs=top if params.get("logprobs") else None)
 
 

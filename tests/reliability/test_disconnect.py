@@ -130,6 +130,13 @@ def chat(stream: bool) -> Callable[[Server], dict[str, Any]]:
     return body
 
 
+def completion(stream: bool) -> Callable[[Server], dict[str, Any]]:
+    def body(server: Server) -> dict[str, Any]:
+        return {"model": server.trained_model(), "prompt": "hang", "max_tokens": 16, "stream": stream}
+
+    return body
+
+
 def chat_request_held(server: Server) -> Callable[[], Any]:
     """The id of the next request the stand-in chat child holds (it logs `holding <id>`)."""
     before = len(re.findall(r"holding (\S+)", server.inference_log))
@@ -155,6 +162,11 @@ CASES: dict[tuple[str, str], list[Case]] = {
              free=lambda server: server.studio.inference.active == 0)
         for how, stream in (("whole", False), ("streamed", True))
     ],
+    ("POST", "/v1/completions"): [
+        Case(f"{how} completion", body=completion(stream), held=chat_request_held, gone=chat_request_cancelled,
+             free=lambda server: server.studio.inference.active == 0)
+        for how, stream in (("whole", False), ("streamed", True))
+    ],
 }
 
 
@@ -167,7 +179,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 
 
 def test_the_registry_holds_the_work_that_lives_for_its_request_and_no_job() -> None:
-    assert {("POST", "/datasets/inspect"), ("POST", "/v1/chat/completions")} <= set(ROUTES)
+    assert {("POST", "/datasets/inspect"), ("POST", "/v1/chat/completions"), ("POST", "/v1/completions")} <= set(ROUTES)
     # Training and export jobs outlive the request that started them.
     assert not [path for _, path in ROUTES if path.startswith(("/train", "/export", "/v1/fine_tuning"))]
 

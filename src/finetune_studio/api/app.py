@@ -81,7 +81,7 @@ WEB_DIR = Path(__file__).resolve().parent.parent / "web"
 # goes here (and nowhere else), so it cannot be left unguarded.
 API_ROUTERS = (
     train.router, chat.router, completions.router, system.router, export.router, datasets.router, files.router, fine_tuning.router,
-    evaluation.router, webhooks.router, metrics.router, sweeps.router,
+    evaluation.router, webhooks.router, webhooks.events_router, metrics.router, sweeps.router,
 )
 API_PREFIXES = tuple(router.prefix + "/" for router in API_ROUTERS)
 log = logging.getLogger("finetune_studio")

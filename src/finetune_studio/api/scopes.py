@@ -59,7 +59,7 @@ ROUTE_SCOPES: dict[tuple[str, str], str] = {
     # Webhooks have no owner yet: with accounts on they are the admins'.
     ("POST", "/webhooks"): "admin",
     ("GET", "/webhooks"): "admin",
-    ("GET", "/webhooks/events"): "admin",
+    ("GET", "/webhook-events"): "admin",
     ("DELETE", "/webhooks/{webhook_id}"): "admin",
     ("GET", "/webhooks/{webhook_id}/deliveries"): "admin",
     ("POST", "/webhooks/{webhook_id}/test"): "admin",

@@ -1,5 +1,5 @@
 // The webhooks panel (docs/API.md, Webhooks): register a URL for the events it wants (the
-// choices come from GET /webhooks/events), see its secret once, send it a test event, see each
+// choices come from GET /webhook-events), see its secret once, send it a test event, see each
 // delivery with its attempts, and remove it. Deliveries that are still pending are read again
 // every POLL_MS while the panel is open, until each has been delivered or has failed.
 // Every text from the server is put in the page as text, never as markup.
@@ -64,7 +64,7 @@ export class WebhooksPanel {
   async load() {
     try {
       if (!this.eventTypes) {
-        this.eventTypes = (await api("webhooks/events")).data;
+        this.eventTypes = (await api("webhook-events")).data;
         this.renderEvents();
       }
       this.hooks = (await api("webhooks")).data;

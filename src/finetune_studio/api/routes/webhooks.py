@@ -34,6 +34,9 @@ from finetune_studio.schemas import (
 from finetune_studio.supervisor.webhooks import SETTING
 
 router = APIRouter(prefix="/webhooks", tags=["webhooks"])
+# The event list has a path of its own: under /webhooks, `events` would also match
+# /webhooks/{webhook_id}, whose DELETE a 405's Allow would then name.
+events_router = APIRouter(prefix="/webhook-events", tags=["webhooks"])
 
 # The bytes a given secret may hold (Standard Webhooks: 24 to 64).
 SECRET_BYTES = (24, 64)
@@ -110,7 +113,7 @@ async def list_webhooks(studio: StudioDep) -> WebhookList:
     return WebhookList(data=[Webhook(**_webhook(record)) for record in studio.service.store.webhooks.all()])
 
 
-@router.get("/events", response_model=WebhookEventList)
+@events_router.get("", response_model=WebhookEventList)
 async def list_event_types() -> WebhookEventList:
     """The events a registration may ask for, each with what sends it (the page's choices)."""
     return WebhookEventList(data=[WebhookEventType(name=name, description=event.description) for name, event in EVENTS.items()])
