@@ -112,15 +112,8 @@ def _reference(full: bool) -> str:
     return "the base model (the adapter switched off)"
 
 
-def _grpo(
-    request: TrainingStartRequest,
-    warn: Warn,
-    facts: dict[str, Any],
-    common: dict[str, Any],
-    beta: float,
-    full: bool,
-    parts: dict[str, Any],
-) -> Any:
+def _grpo(request: TrainingStartRequest, warn: Warn, facts: dict[str, Any], common: dict[str, Any], beta: float,
+          full: bool, parts: dict[str, Any]) -> Any:
     from trl import GRPOConfig, GRPOTrainer
 
     from finetune_studio.training.rewards import build_rewards
