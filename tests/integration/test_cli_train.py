@@ -57,7 +57,7 @@ def test_train_follows_a_job_to_completed(server: ServerProcess, tiny_model: Pat
     # Not a terminal: plain lines, one per phase, the first and the last step, and where the adapter is.
     assert [line.split("]")[0] + "]" for line in lines if line.startswith("[")] == [
         "[idle]", "[loading_model]", "[loading_dataset]", "[configuring]", "[training]", "[completed]"
-    ]
+    ], done.stdout
     assert "[training] Training for 4 steps" in lines
     steps = [line for line in lines if line.startswith("step ")]
     assert steps[0].startswith("step 1/4 ") and steps[-1].startswith("step 4/4  100.0%  loss ")

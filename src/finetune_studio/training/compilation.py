@@ -282,8 +282,8 @@ class Compilation:
             if not self.active:
                 return  # eager warm-up: not counted (compiled, this step holds the compile)
         (self.compiled_steps if self.active else self.eager_steps).append(seconds)
-        if self.pending and step - self.first_step + 1 >= COMPILE_PROBE_STEPS:
-            self.decide(total_steps - step)
+        if self.pending and step - self.first_step + 1 >= COMPILE_PROBE_STEPS and step < total_steps:
+            self.decide(total_steps - step)  # a run whose timed steps are its last has nothing to decide: `end` says so
 
     def decide(self, steps_left: int) -> None:
         self.pending = False
