@@ -72,7 +72,14 @@ def run_to_end(server: Any, request: dict[str, Any]) -> tuple[str, dict[str, Any
 
 
 def phases(events: list[StreamEvent]) -> list[str]:
-    return [e.data["phase"] for e in events if e.kind == "status"]
+    """The phases the job went through, in order. A phase said again with new words (training's
+    compile decision, a Ray restart's word) is one phase: a status repeating the last one's
+    phase is not listed again (`statuses` has every status)."""
+    found: list[str] = []
+    for event in events:
+        if event.kind == "status" and (not found or found[-1] != event.data["phase"]):
+            found.append(event.data["phase"])
+    return found
 
 
 def finished_job(client: TestClient, body: dict[str, Any]) -> str:

@@ -100,3 +100,21 @@ def test_the_compile_cache_lives_in_the_data_dir(tmp_path: Path) -> None:
     assert data.compile_cache == tmp_path / "data" / "compile-cache"
     assert DataDir.of_jobs(data.jobs).compile_environment() == {
         COMPILE_CACHE_DIR_ENV: str(data.compile_cache), "TORCHINDUCTOR_FX_GRAPH_CACHE": "1", "TORCHINDUCTOR_AUTOGRAD_CACHE": "1"}
+
+
+@pytest.mark.parametrize(("asked", "compiled"), [("auto", False), (True, True), (False, False)])
+def test_a_data_parallel_run_compiles_only_when_asked(tmp_path: Path, asked: object, compiled: bool) -> None:
+    # Each rank would decide `auto` by its own steps' times; ranks that differed would wait on each
+    # other in a collective. So on more than one rank `auto` stays eager, and decides nothing later.
+    from finetune_studio.training.compilation import Compilation
+
+    facts: dict[str, object] = {}
+    said: list[str] = []
+    compilation = Compilation(asked, cuda=False, layers=2, shape_key="k", records=tmp_path / "r.json",  # type: ignore[arg-type]
+                              facts=facts, warn=said.append, say=said.append, ranks=2)
+    assert compilation.pending is False and compilation.decision.compiled is compiled
+    if asked == "auto":
+        assert facts["compile"]["reason"].startswith("not compiled: a run on 2 ranks compiles only when asked")  # type: ignore[index]
+    for step in range(1, 9):
+        compilation.step_ended(0.1, step, 2000)
+    assert compilation.decision.compiled is compiled and said == []

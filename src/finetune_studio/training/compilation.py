@@ -172,7 +172,7 @@ class Compilation:
     callback; `say(message)` sends a `training` status (the recipe's)."""
 
     def __init__(self, asked: CompileChoice, *, cuda: bool, layers: int, shape_key: str, records: Path,
-                 facts: dict[str, Any], warn: Callable[[str], None], say: Callable[[str], None]) -> None:
+                 facts: dict[str, Any], warn: Callable[[str], None], say: Callable[[str], None], ranks: int = 1) -> None:
         self.asked = asked
         self.cuda = cuda
         self.layers = layers
@@ -187,9 +187,17 @@ class Compilation:
         self.eager_steps: list[float] = []  # seconds per optimizer step, eager (the first left out)
         self.compiled_steps: list[float] = []
         self.first_step: Optional[int] = None  # the first step this process trained (above 1 when resumed)
-        self.pending = asked == "auto"  # auto has yet to decide
-        self.decision = (CompileDecision(False, asked, f"decided after the first {COMPILE_PROBE_STEPS} steps, trained eagerly")
-                         if self.pending else decide_compile(asked))
+        # auto has yet to decide; a data-parallel run (Ray Train's ranks) does not decide: each rank
+        # would by its own steps' times, and ranks that differ (or one that falls back) would
+        # leave the others waiting in a collective. It compiles when asked (`compile: true`).
+        self.pending = asked == "auto" and ranks == 1
+        if asked == "auto" and ranks > 1:
+            self.decision = CompileDecision(False, asked, f"not compiled: a run on {ranks} ranks compiles only when asked"
+                                                          " (compile: true); each rank would decide by its own timing")
+        elif self.pending:
+            self.decision = CompileDecision(False, asked, f"decided after the first {COMPILE_PROBE_STEPS} steps, trained eagerly")
+        else:
+            self.decision = decide_compile(asked)
         self._publish()
 
     def _publish(self, **extra: Any) -> None:

@@ -512,6 +512,7 @@ class Recipe:
             records=Path(os.environ.get(COMPILE_CACHE_DIR_ENV) or DataDir.of_jobs(self.jobs_dir).compile_cache) / RECORDS_FILE,
             facts=self.facts, warn=self.channel.warn,
             say=lambda text: self.channel.status("training", text, details=self.details()),
+            ranks=int(getattr(trainer.args, "world_size", 1) or 1),
         )
         compilation.attach(trainer)
 
