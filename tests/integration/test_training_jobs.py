@@ -60,9 +60,12 @@ def test_a_job_trains_to_completed_and_moves_the_weights(
 
         assert [e.id for e in events] == list(range(1, len(events) + 1))
         assert phases(events) == SEED_ORDER
-        kinds = [e.kind for e in events]
         training_at = next(i for i, e in enumerate(events) if e.kind == "status" and e.data["phase"] == "training")
-        assert kinds[training_at + 1 : training_at + 7] == ["progress"] * 6
+        # The six steps follow; among them, only training's compile decision (compile: auto) is said.
+        during = [e for e in events[training_at + 1:] if not (e.kind == "status" and e.data["phase"] == "training")]
+        assert [e.kind for e in during[:6]] == ["progress"] * 6
+        again = [e.data["message"] for e in events[training_at + 1:] if e.kind == "status" and e.data["phase"] == "training"]
+        assert all(message.startswith("Training: not compiled: ") for message in again), again
         assert all(e.data["is_training_running"] == (e.data["phase"] == "training") for e in events if e.kind == "status")
 
         steps = [e.data for e in events if e.kind == "progress"]
