@@ -451,12 +451,10 @@ class TrainingStartRequest(UnicodeChecked):
         ' with bf16, a CPU with AMX or AVX512-BF16; fp32 elsewhere), "bf16" or "fp32" (forced). With LoRA in bf16'
         " the frozen base weights are held in bf16 and the adapter's in fp32; details.precision says what ran and why.",
     )
-    # Default false, not "auto", for now: a stop (or a clean shutdown) that arrives while a step
-    # compiles ended a job without saving it (session 7's CI); "auto" stays for who asks for it.
     compile: CompileChoice = Field(
-        default=False,
+        default="auto",
         description='Extension. torch.compile of the model: "auto" compiles when the run is long enough to earn back'
-        " the compile time (estimated from its steps and its first steps' time), true always, false (the default)"
+        " the compile time (estimated from its steps and its first steps' time; the default), true always, false"
         " never. Compiled graphs are cached under the data dir; a compile that fails falls back to eager with a"
         " warning. details.compile says what ran and why.",
     )

@@ -10,7 +10,11 @@ It runs `finetune_studio.training.child.main` unchanged, with a Channel that can
   path is taken; with `fault_mid_checkpoint`, the disk fills while that step's
   checkpoint is being written, which leaves it half-written; or
 - make every torch.compile fail (`compile_fault`): its backend raises when dynamo hands
-  it the first graph, at the first compiled step, as a compiler bug would.
+  it the first graph, at the first compiled step, as a compiler bug would; or make it
+  take as long as a cold compile on a slow machine, and more (`compile_stall`: the
+  backend works in Python for up to PAUSE_LIMIT_SECONDS); or
+- make `compile: auto` compile after its timed eager steps, whatever its figures say
+  (`auto_compiles`).
 
 `HookedLauncher` starts this module instead of the production child and writes the
 hooks for each job to `<output_dir>/test_hooks.json` before the child starts; a
@@ -23,6 +27,8 @@ from __future__ import annotations
 import errno
 import json
 import sys
+import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO, Any, Literal, Optional
@@ -51,6 +57,8 @@ class Hooks:
     # so checkpoints/checkpoint-<step>/ is left half-written (no trainer_state.json).
     fault_mid_checkpoint: bool = False
     compile_fault: bool = False  # torch.compile's backend raises (at the first compiled step)
+    compile_stall: bool = False  # torch.compile's backend takes PAUSE_LIMIT_SECONDS (then runs the graph eagerly)
+    auto_compiles: bool = False  # compile auto decides to compile once it has timed its eager steps
 
 
 class HookedChannel(Channel):
@@ -101,25 +109,51 @@ def hooked_channel(events: IO[str], stop: StopSignal, spec: WorkerSpec) -> Chann
     if not path.is_file():
         return Channel(events, stop)
     hooks = Hooks(**json.loads(path.read_text()))
-    if hooks.compile_fault:
-        break_torch_compile()
+    if hooks.compile_fault or hooks.compile_stall:
+        replace_torch_compile_backend(failing_backend if hooks.compile_fault else stalling_backend)
+    if hooks.auto_compiles:
+        make_auto_compile()
     return HookedChannel(events, stop, hooks, spec.output_dir)
 
 
-def break_torch_compile() -> None:
-    """Every torch.compile in this process gets a backend that raises on its first graph."""
+def failing_backend(graph: Any, example_inputs: Any) -> Any:
+    raise RuntimeError("the compiler failed on this graph (injected by a test hook)")
+
+
+def stalling_backend(graph: Any, example_inputs: Any) -> Any:
+    """A compile that takes PAUSE_LIMIT_SECONDS, in Python as inductor's mostly is."""
+    print("test hook: compiling for a long time", file=sys.stderr, flush=True)
+    deadline = time.monotonic() + PAUSE_LIMIT_SECONDS
+    while time.monotonic() < deadline:
+        time.sleep(0.01)
+    return graph.forward
+
+
+def replace_torch_compile_backend(backend: Callable[[Any, Any], Any]) -> None:
+    """Every torch.compile in this process gets `backend`."""
     import torch
 
     real_compile = torch.compile
 
-    def failing_backend(graph: Any, example_inputs: Any) -> Any:
-        raise RuntimeError("the compiler failed on this graph (injected by a test hook)")
-
-    def compile_with_failing_backend(model: Any, **options: Any) -> Any:
+    def compile_with_backend(model: Any, **options: Any) -> Any:
         options.pop("backend", None)
-        return real_compile(model, backend=failing_backend, **options)
+        return real_compile(model, backend=backend, **options)
 
-    torch.compile = compile_with_failing_backend  # type: ignore[assignment]
+    torch.compile = compile_with_backend  # type: ignore[assignment]
+
+
+def make_auto_compile() -> None:
+    """`compile: auto` compiles once it has timed its eager steps (its figures kept, its rule not)."""
+    from finetune_studio.training import compilation
+
+    rule = compilation.decide_compile
+
+    def decide(asked: Any, figures: Any = None, **options: Any) -> Any:
+        if asked == "auto" and figures is not None:
+            return compilation.CompileDecision(True, asked, "compiled: a test hook decided so", figures)
+        return rule(asked, figures, **options)
+
+    compilation.decide_compile = decide
 
 
 class HookedLauncher:

@@ -4,6 +4,10 @@
   says why with its figures (a `training` status and `details.compile`).
 - A compile that raises (the hooked child's torch.compile backend fails at the first
   compiled step) falls back to eager with a warning, and the job completes.
+- A stop, a pause or a clean shutdown that arrives while a step compiles (the hooked
+  child's compile takes minutes, longer than the stop's grace) interrupts the compile:
+  the job ends `stopped` at the last completed step, with its adapter and that step's
+  checkpoint saved, well within the grace.
 - `compile: true` really compiles and trains; its graphs are cached under the data dir,
   and a second run of the same shape reuses them (it compiles no new graph).
 
@@ -14,9 +18,11 @@ tests/unit/test_compilation.py.
 from __future__ import annotations
 
 import math
+import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from finetune_studio.config import Settings
@@ -109,3 +115,44 @@ def test_compile_true_compiles_trains_and_a_second_run_reuses_the_cache(
     # What the runs measured is kept for `auto`'s next estimate of this shape.
     (record,) = read_records(data.compile_cache / RECORDS_FILE).values()
     assert record["compile_seconds"] > 0
+
+
+@pytest.mark.parametrize("how", ["stop", "pause", "shutdown"])
+def test_a_stop_while_a_step_compiles_saves_what_the_steps_before_it_trained(
+    tmp_path: Path, tiny_model: Path, how: str
+) -> None:
+    # A grace shorter than the hooked compile: without the interrupt, the child would be killed unsaved.
+    settings = Settings(data_dir=tmp_path / "data", stop_grace_seconds=45, kill_grace_seconds=5)
+    hooks = Hooks(compile_stall=True, auto_compiles=True)
+    server = LiveServer(settings, HookedLauncher(hooks))
+    with server:
+        with server.client() as client:
+            job_id = client.start(job_request(tiny_model, max_steps=40, compile="auto", **COMMON))
+            for event in client.stream(job_id):
+                if event.kind == "status" and event.data["message"].startswith("Training: compiled: a test hook"):
+                    break
+            asked = time.monotonic()
+            if how == "stop":
+                client.stop(job_id)
+            elif how == "pause":
+                paused = httpx.post(f"{server.url}/v1/fine_tuning/jobs/{job_id}/pause", timeout=30)
+                assert paused.status_code == 200, paused.text
+    # Leaving the block shuts the server down cleanly: a running job is stopped, as a stop would.
+    took = time.monotonic() - asked
+    with LiveServer(settings) as again, again.client() as client:
+        final = collect(client, job_id)[-1].data
+    assert final["phase"] == "stopped", final
+    details = final["details"]
+    assert took < settings.stop_grace_seconds, took
+    said = f"Paused after step {COMPILE_PROBE_STEPS}; resume" if how == "pause" else f"Stopped at step {COMPILE_PROBE_STEPS} of 40"
+    assert final["message"].startswith(said), final["message"]
+    assert details["compile"]["compiled"] is True
+    assert details["compile"]["interrupted"] == (
+        f"a stop arrived during compiled step {COMPILE_PROBE_STEPS + 1}; it was left unfinished")
+    adapter = Path(details["adapter_dir"])
+    assert (adapter / "adapter_model.safetensors").is_file() and (adapter / "adapter_config.json").is_file()
+    checkpoint = Path(details["last_checkpoint"])
+    assert checkpoint.name == f"checkpoint-{COMPILE_PROBE_STEPS}"
+    for name in ("adapter_model.safetensors", "trainer_state.json", "optimizer.pt", "scheduler.pt"):
+        assert (checkpoint / name).is_file(), name
+    assert bool(details.get("paused")) is (how == "pause")

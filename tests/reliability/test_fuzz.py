@@ -191,3 +191,33 @@ def test_the_fuzzed_server_is_still_healthy_and_consistent(fuzzed_server: LiveSe
     assert jobs["count"] == len(jobs["data"]) >= 2
     assert all(job["phase"] in ("completed", "stopped") for job in jobs["data"])
     assert Path(fuzzed_server.settings.db_path).is_file()
+
+
+# Spellings of an integer that pydantic's lax parsing takes but the schema's `type: integer` does not.
+LAX_INTEGERS = ["+1", " 1", "1 ", "1_0", "1.0", "01", "\t2"]
+
+
+def integer_parameters() -> list[tuple[str, str, str]]:
+    """(path, where, name) of every GET operation's integer parameter in the published schema."""
+    found = []
+    for path, operations in schema.raw_schema["paths"].items():
+        for parameter in operations.get("get", {}).get("parameters", []):
+            kinds = [parameter["schema"]] + parameter["schema"].get("anyOf", [])
+            if any(kind.get("type") == "integer" for kind in kinds):
+                found.append((path, parameter["in"], parameter["name"]))
+    return found
+
+
+def test_every_integer_parameter_refuses_what_the_schema_forbids(fuzzed_server: LiveServer) -> None:
+    parameters = integer_parameters()
+    assert {("/train/stream/{job_id}", "header", "Last-Event-ID"), ("/train/jobs", "query", "limit")} <= set(parameters)
+    for path, where, name in parameters:
+        url = fuzzed_server.url + path.replace("{job_id}", KNOWN_JOBS[0])
+        for text in LAX_INTEGERS + ["1"]:
+            options: dict[str, Any] = {"headers": {**AUTH, name: text}} if where == "header" else {"headers": AUTH, "params": {name: text}}
+            with httpx.stream("GET", url, timeout=30, **options) as answer:
+                if text == "1":
+                    assert answer.status_code != 422, (path, name, text)
+                else:
+                    assert answer.status_code == 422, (path, name, text, answer.status_code)
+                    assert "decimal digits" in answer.read().decode(), (path, name, text)

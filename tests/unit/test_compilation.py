@@ -1,6 +1,7 @@
 """`compile: "auto" | true | false` (issue 26, item 3), in this process: the request's field,
 `auto`'s rule with the documented figures on a short and a long run, what earlier runs
-measured, and where the child's compile cache lives.
+measured, where the child's compile cache lives, and the interrupter that a stop during a
+compiled step sets off.
 
 The real training jobs (a short `auto` run that is not compiled, a failing compile that
 falls back to eager, `compile: true` that compiles, caches and reuses its cache) are in
@@ -9,16 +10,21 @@ tests/integration/test_compilation.py.
 
 from __future__ import annotations
 
+import threading
+import time
 from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 
+from finetune_studio.child.channel import StopSignal
 from finetune_studio.schemas import TrainingStartRequest
 from finetune_studio.training.compilation import (
     COMPILE_PROBE_STEPS,
     SPEEDUP,
     CompileFigures,
+    CompileInterrupted,
+    StepInterrupter,
     decide_compile,
     documented_compile_seconds,
     read_records,
@@ -39,8 +45,8 @@ def smollm2(steps_left: int) -> CompileFigures:
 
 def test_the_request_takes_auto_true_or_false_and_names_the_field_otherwise() -> None:
     base = {"model_name": "m", "training_type": "LoRA/QLoRA", "format_type": "auto", "local_datasets": ["d.jsonl"]}
-    assert TrainingStartRequest.model_validate(base).compile is False  # false for now (schemas.py says why)
-    assert TrainingStartRequest.model_validate({**base, "compile": None}).compile is False  # a null is the default
+    assert TrainingStartRequest.model_validate(base).compile == "auto"
+    assert TrainingStartRequest.model_validate({**base, "compile": None}).compile == "auto"  # a null is the default
     assert TrainingStartRequest.model_validate({**base, "compile": True}).compile is True
     assert TrainingStartRequest.model_validate({**base, "compile": False}).compile is False
     with pytest.raises(ValidationError) as raised:
@@ -118,3 +124,61 @@ def test_a_data_parallel_run_compiles_only_when_asked(tmp_path: Path, asked: obj
     for step in range(1, 9):
         compilation.step_ended(0.1, step, 2000)
     assert compilation.decision.compiled is compiled and said == []
+
+
+def _busy(interrupter: StepInterrupter, armed: bool, seconds: float, outcome: list[str], ready: threading.Event) -> None:
+    """A step's work in Python (as inductor's compile is), armed or not; says how it ended."""
+    try:
+        ready.set()
+        try:
+            if armed:
+                interrupter.arm()
+            deadline = time.monotonic() + seconds
+            while time.monotonic() < deadline:
+                sum(range(1000))
+        finally:
+            interrupter.disarm()
+        outcome.append("finished")
+        deadline = time.monotonic() + 0.5  # after the step: nothing may arrive
+        while time.monotonic() < deadline:
+            sum(range(1000))
+        outcome.append("after")
+    except CompileInterrupted:
+        interrupter.settle()  # as the recipe does
+        outcome.append("interrupted")
+
+
+@pytest.mark.parametrize("armed", [True, False])
+def test_a_stop_interrupts_an_armed_step_at_once_and_nothing_else(armed: bool) -> None:
+    stop = StopSignal()
+    interrupter = StepInterrupter(stop)
+    interrupter.start()
+    outcome: list[str] = []
+    ready = threading.Event()
+    worker = threading.Thread(target=_busy, args=(interrupter, armed, 4.0 if armed else 1.0, outcome, ready))
+    worker.start()
+    ready.wait(10)
+    stop.set("a stop was requested")
+    worker.join(30)
+    interrupter.close()
+    # Armed, the step never finishes: it is interrupted (well before its 4 s, though no bound is asserted).
+    assert outcome == (["interrupted"] if armed else ["finished", "after"])
+    assert (interrupter.raised > 0) is armed
+
+
+def test_a_step_that_ends_as_the_stop_arrives_is_never_interrupted_past_its_end() -> None:
+    # Many short armed steps while the stop is set: each one either finishes (and nothing follows it)
+    # or is interrupted inside itself; an interruption never lands in the code after a step.
+    for _ in range(20):
+        stop = StopSignal()
+        interrupter = StepInterrupter(stop)
+        interrupter.RETRY_SECONDS = 0.02
+        interrupter.start()
+        stop.set("a stop was requested")
+        outcome: list[str] = []
+        ready = threading.Event()
+        worker = threading.Thread(target=_busy, args=(interrupter, True, 0.002, outcome, ready))
+        worker.start()
+        worker.join(30)
+        interrupter.close()
+        assert outcome in (["interrupted"], ["finished", "after"]), outcome

@@ -11,10 +11,12 @@ calls `studio_of` itself, which costs nothing.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Annotated, Any, Union
 
 from fastapi import Depends, Query, Request
+from pydantic import BeforeValidator
 
 from finetune_studio.bounds import MAX_PAGE_ITEMS
 from finetune_studio.config import Settings
@@ -26,8 +28,22 @@ from finetune_studio.supervisor.supervisor import Supervisor
 
 # Documented answers of a route, as FastAPI's `responses` takes them.
 Responses = dict[Union[int, str], dict[str, Any]]
+# An integer as a query, header or path parameter's text must spell it: decimal digits, a minus
+# before them at most (the range then refuses it), no leading zero. Pydantic's lax parsing would
+# also take " 1", "+1", "1_000", "1.0" and "01", which the published schema (type integer) forbids.
+DECIMAL_INTEGER = re.compile(r"-?(0|[1-9][0-9]*)")
+
+
+def _decimal_integer(value: Any) -> Any:
+    if isinstance(value, str) and not DECIMAL_INTEGER.fullmatch(value):
+        raise ValueError("must be an integer in decimal digits, such as 20 (no sign, spaces, point or leading zero)")
+    return value
+
+
+# Every integer parameter of a route is one of these, never a bare `int`.
+ParamInt = Annotated[int, BeforeValidator(_decimal_integer)]
 # A list route's page size (`limit: PageLimit = 20`): one bound for every list (bounds.py).
-PageLimit = Annotated[int, Query(ge=1, le=MAX_PAGE_ITEMS, description=f"How many items a page holds (1 to {MAX_PAGE_ITEMS})")]
+PageLimit = Annotated[ParamInt, Query(ge=1, le=MAX_PAGE_ITEMS, description=f"How many items a page holds (1 to {MAX_PAGE_ITEMS})")]
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from typing import Annotated, Optional
 from fastapi import Header, Query, Response, status
 from fastapi.responses import JSONResponse
 
-from finetune_studio.api.deps import Responses, Studio
+from finetune_studio.api.deps import ParamInt, Responses, Studio
 from finetune_studio.api.streaming import BoundedEventStream
 from finetune_studio.bounds import MAX_SQL_INTEGER
 from finetune_studio.errors import PastLastEvent
@@ -27,8 +27,8 @@ MAX_EVENT_ID = MAX_SQL_INTEGER
 STREAM_RETRY_SECONDS = 5
 # A stream route's two cursors, the header a reconnecting EventSource sends and the query a
 # client that cannot set headers uses; `open_event_stream` resumes after the larger.
-LastEventIdHeader = Annotated[Optional[int], Header(alias="Last-Event-ID", ge=0, le=MAX_EVENT_ID)]
-LastEventIdQuery = Annotated[Optional[int], Query(ge=0, le=MAX_EVENT_ID, description="Resume after this event id")]
+LastEventIdHeader = Annotated[Optional[ParamInt], Header(alias="Last-Event-ID", ge=0, le=MAX_EVENT_ID)]
+LastEventIdQuery = Annotated[Optional[ParamInt], Query(ge=0, le=MAX_EVENT_ID, description="Resume after this event id")]
 
 _PAST_END: Responses = {
     status.HTTP_416_RANGE_NOT_SATISFIABLE: {

@@ -29,6 +29,13 @@ backward at the first backward), falls back to eager: the model's compiled call 
 removed, the step is run again eagerly, and a warning says why (`details.warnings`,
 `details.compile.fallback`). If the eager step raises too, that error is the job's.
 
+A stop that arrives during a compiled step (a compile takes a minute or two on a CPU,
+longer than a stop's grace) interrupts it: `StepInterrupter` raises `CompileInterrupted`
+into the training thread, which leaves the step unfinished (its optimizer step not
+taken), and the recipe saves what the completed steps trained (`save_interrupted`),
+as a stop at a step's end does. A run on several ranks is not interrupted (a rank that
+left alone would hang the others in a collective): it stops at the step's end.
+
 Compiled graphs are cached on disk (TORCHINDUCTOR_CACHE_DIR, the data dir's
 `compile-cache/`: `wire.DataDir.compile_environment`, set by the recipe for the child),
 so a second run of the same shape compiles in seconds.
@@ -36,9 +43,11 @@ so a second run of the same shape compiles in seconds.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import math
 import statistics
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -46,6 +55,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from finetune_studio.atomic import write_atomically
+from finetune_studio.child.channel import StopSignal
 from finetune_studio.schemas import CompileChoice
 from finetune_studio.training.throughput import measured_numbers, read_measured
 
@@ -161,6 +171,75 @@ def describe_failure(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {line(cause)}" if isinstance(cause, BaseException) else line(exc)
 
 
+# -- a stop during a compiled step ----------------------------------------------------
+
+
+class CompileInterrupted(BaseException):
+    """Raised into the training thread by a stop that arrived during a compiled step. A
+    BaseException, so that no `except Exception` in the compiler takes it for its own."""
+
+
+class StepInterrupter:
+    """Interrupts the training thread's compiled step once a stop has arrived.
+
+    The step `arm`s it on entry and `disarm`s it on exit; a watcher thread, once the stop
+    is set, raises CompileInterrupted into the armed thread, and again every RETRY_SECONDS
+    while that thread stays armed (in case something swallowed it). Python delivers it at
+    the thread's next bytecode: inductor's compile is mostly Python, and a wait on a
+    compile worker ends within one kernel's compile. Arming, disarming and raising share
+    one lock, and disarming withdraws a raise not yet delivered, so the exception surfaces
+    within the step, never in the optimizer's update after it. Whoever catches it calls
+    `settle`, which disarms for good (a retry that lands meanwhile is caught there)."""
+
+    RETRY_SECONDS = 5.0
+
+    def __init__(self, stop: StopSignal) -> None:
+        self.stop = stop
+        self.lock = threading.Lock()
+        self.thread_id: Optional[int] = None  # the armed thread, None when disarmed
+        self.closed = False
+        self.raised = 0
+
+    def start(self) -> None:
+        threading.Thread(target=self._watch, name="compile-interrupter", daemon=True).start()
+
+    def arm(self) -> None:
+        with self.lock:
+            self.thread_id = threading.get_ident()
+
+    def disarm(self) -> None:
+        with self.lock:
+            if self.thread_id is not None:
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self.thread_id), None)
+            self.thread_id = None
+
+    def close(self) -> None:
+        """No interruption from now on (the steps are over)."""
+        with self.lock:
+            self.closed = True
+        self.disarm()
+
+    def settle(self) -> None:
+        """After CompileInterrupted was caught: disarmed for good, whatever lands meanwhile."""
+        while True:
+            try:
+                self.close()
+                return
+            except CompileInterrupted:
+                continue
+
+    def _watch(self) -> None:
+        while not self.closed and not self.stop.wait(1.0):
+            pass
+        while not self.closed:
+            with self.lock:
+                if self.thread_id is not None and not self.closed:
+                    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self.thread_id),
+                                                               ctypes.py_object(CompileInterrupted))
+                    self.raised += 1
+            time.sleep(self.RETRY_SECONDS if self.raised else 0.05)
+
+
 # -- the trainer's side ---------------------------------------------------------------
 
 
@@ -172,7 +251,8 @@ class Compilation:
     callback; `say(message)` sends a `training` status (the recipe's)."""
 
     def __init__(self, asked: CompileChoice, *, cuda: bool, layers: int, shape_key: str, records: Path,
-                 facts: dict[str, Any], warn: Callable[[str], None], say: Callable[[str], None], ranks: int = 1) -> None:
+                 facts: dict[str, Any], warn: Callable[[str], None], say: Callable[[str], None], ranks: int = 1,
+                 stop: Optional[StopSignal] = None) -> None:
         self.asked = asked
         self.cuda = cuda
         self.layers = layers
@@ -187,6 +267,8 @@ class Compilation:
         self.eager_steps: list[float] = []  # seconds per optimizer step, eager (the first left out)
         self.compiled_steps: list[float] = []
         self.first_step: Optional[int] = None  # the first step this process trained (above 1 when resumed)
+        # One rank alone is interrupted (see the module's docstring); a run that never compiles needs no watcher.
+        self.interrupter = StepInterrupter(stop) if stop is not None and ranks == 1 and asked is not False else None
         # auto has yet to decide; a data-parallel run (Ray Train's ranks) does not decide: each rank
         # would by its own steps' times, and ranks that differ (or one that falls back) would
         # leave the others waiting in a collective. It compiles when asked (`compile: true`).
@@ -211,11 +293,19 @@ class Compilation:
         compilation = self
         original = trainer.training_step
 
+        interrupter = self.interrupter
+
         def guarded_training_step(model: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any:
             if not compilation.active:
                 return original(model, inputs, *args, **kwargs)
             try:
-                return original(model, inputs, *args, **kwargs)
+                try:
+                    if interrupter is not None:
+                        interrupter.arm()
+                    return original(model, inputs, *args, **kwargs)
+                finally:
+                    if interrupter is not None:
+                        interrupter.disarm()
             except Exception as exc:  # noqa: BLE001 - a failed compile costs the speed-up, never the job
                 compilation.uncompile()
                 result = original(model, inputs, *args, **kwargs)  # eagerly; its own error is the job's
@@ -223,6 +313,8 @@ class Compilation:
                 return result
 
         trainer.training_step = guarded_training_step
+        if interrupter is not None:
+            interrupter.start()
 
         class Callback(TrainerCallback):
             def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
@@ -312,8 +404,27 @@ class Compilation:
         if self.decision.compiled:
             self.compile()
 
+    def save_interrupted(self, trainer: Any) -> None:
+        """After CompileInterrupted left `trainer.train()`: what the completed steps trained
+        is kept as a stop at a step's end keeps it (the trainer's callbacks end the run, and a
+        checkpoint of the last completed step is written, unless none was completed); the
+        recipe then saves the adapter or model."""
+        if self.interrupter is not None:
+            self.interrupter.settle()
+        self.uncompile()
+        state, args = trainer.state, trainer.args
+        step = int(state.global_step)
+        trainer.callback_handler.on_train_end(args, state, trainer.control)  # this object's `end` among them
+        self.facts["compile"]["interrupted"] = f"a stop arrived during compiled step {step + 1}; it was left unfinished"
+        if step > 0 and not any(Path(args.output_dir).glob(f"checkpoint-{step}")):
+            # The trainer's own checkpoint writer (optimizer, scheduler, RNG and trainer state),
+            # which the stop's `should_save` would have called at the step's end.
+            trainer._save_checkpoint(trainer.model, trial=None)
+
     def end(self) -> None:
         """Say what compiling measured (details.compile) and keep it for the next run of this shape."""
+        if self.interrupter is not None:
+            self.interrupter.close()  # the steps are over: a stop now has nothing to interrupt
         if self.pending:  # the run ended before auto could time it
             self.pending = False
             total = len(self.eager_steps) + (1 if self.first_step is not None else 0)

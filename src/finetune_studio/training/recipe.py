@@ -27,6 +27,7 @@ from finetune_studio.child.precision import decide_precision
 from finetune_studio.cuda_features import bitsandbytes_works, usable_optim
 from finetune_studio.hardware import PrecisionChoice
 from finetune_studio.schemas import Phase, TrainingStartRequest, method_of
+from finetune_studio.training.compilation import RECORDS_FILE, Compilation, CompileInterrupted
 from finetune_studio.wire import COMPILE_CACHE_DIR_ENV, DataDir, JobFolder, WorkerSpec, last_checkpoint
 
 if TYPE_CHECKING:  # transformers is imported only once the job has announced loading_model
@@ -134,16 +135,21 @@ class Recipe:
 
         self.enter("configuring", "Preparing the trainer")
         trainer = self.build_trainer(model, tokenizer, train_data, eval_data)
-        self.attach_compilation(trainer)
+        compilation = self.attach_compilation(trainer)
         if trainer.is_world_process_zero():  # data-parallel workers (Ray) share one job folder: one writes
             self.write_job_file(source)
             self.open_trackers()  # one tracker run per job, too
         self.stop.check()
 
         # The `training` status is sent by the callback once the trainer knows its steps.
-        result = trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
+        try:
+            result = trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
+        except CompileInterrupted:  # a stop during a compiled step: saved as at the last step's end
+            compilation.save_interrupted(trainer)
+            result = None
         final = trainer.state.global_step
-        self.facts["train_loss"] = result.training_loss
+        if result is not None:
+            self.facts["train_loss"] = result.training_loss
         self.facts["steps"] = final
         checkpoint = last_checkpoint(self.output_dir)
         if checkpoint is not None:
@@ -488,12 +494,11 @@ class Recipe:
                 ) from None
             raise
 
-    def attach_compilation(self, trainer: Any) -> None:
+    def attach_compilation(self, trainer: Any) -> Compilation:
         """The request's `compile` (training/compilation.py): decided now (true, false) or
         after the first steps (auto), in `details.compile`."""
         import torch
 
-        from finetune_studio.training.compilation import RECORDS_FILE, Compilation
         from finetune_studio.training.throughput import device_name
 
         request = self.request
@@ -512,9 +517,10 @@ class Recipe:
             records=Path(os.environ.get(COMPILE_CACHE_DIR_ENV) or DataDir.of_jobs(self.jobs_dir).compile_cache) / RECORDS_FILE,
             facts=self.facts, warn=self.channel.warn,
             say=lambda text: self.channel.status("training", text, details=self.details()),
-            ranks=int(getattr(trainer.args, "world_size", 1) or 1),
+            ranks=int(getattr(trainer.args, "world_size", 1) or 1), stop=self.stop,
         )
         compilation.attach(trainer)
+        return compilation
 
     def utilization(self, cuda: bool) -> Optional[Utilization]:
         """What each step's `mfu` is measured against: the device's peak in the job's dtype

@@ -7,12 +7,13 @@ manage users and read the audit log. The scope of each route is in api/scopes.py
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Annotated, Any, Optional
 
 from fastapi import APIRouter, Query, Request, status
 from fastapi.responses import Response
 
 from finetune_studio.api.accounts import Accounts, Forbidden
+from finetune_studio.api.deps import ParamInt
 from finetune_studio.bounds import MAX_PAGE_ITEMS
 from finetune_studio.jobs.accounts import ACTING, AccountNotFound, Principal
 from finetune_studio.schemas import KeyCreate, UserCreate
@@ -110,7 +111,7 @@ async def remove_user(name: str, request: Request) -> Response:
 
 @router.get("/audit")
 async def audit(
-    request: Request, after: int = Query(default=0, ge=0), limit: int = Query(default=100, ge=1, le=MAX_PAGE_ITEMS)
+    request: Request, after: Annotated[ParamInt, Query(ge=0)] = 0, limit: Annotated[ParamInt, Query(ge=1, le=MAX_PAGE_ITEMS)] = 100
 ) -> dict[str, Any]:
     """The audit log, oldest first, after row `after`: who started, stopped, deleted and exported what,
     keys made and revoked, users added and removed, and failed keys."""

@@ -24,7 +24,7 @@ from typing import Annotated, Any, Optional
 from fastapi import APIRouter, Query, Request, Response, status
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from finetune_studio.api.deps import Responses, StudioDep, studio_of
+from finetune_studio.api.deps import ParamInt, Responses, StudioDep, studio_of
 from finetune_studio.api.job_stream import (
     LastEventIdHeader,
     LastEventIdQuery,
@@ -310,8 +310,8 @@ async def eval_samples(
     eval_id: str,
     studio: StudioDep,
     suite: Annotated[Optional[str], Query(max_length=200, description="Only this suite's samples")] = None,
-    offset: Annotated[int, Query(ge=0, le=2**31, description="Rows to skip")] = 0,
-    limit: Annotated[int, Query(ge=1, le=MAX_EVAL_SAMPLE_PAGE, description=f"Rows a page holds (1 to {MAX_EVAL_SAMPLE_PAGE})")] = 100,
+    offset: Annotated[ParamInt, Query(ge=0, le=2**31, description="Rows to skip")] = 0,
+    limit: Annotated[ParamInt, Query(ge=1, le=MAX_EVAL_SAMPLE_PAGE, description=f"Rows a page holds (1 to {MAX_EVAL_SAMPLE_PAGE})")] = 100,
 ) -> EvalSamplePage:
     """Per-sample rows: each sample's prompt, reference, every model's answer and scores (and the judge's verdicts)."""
     evaluation = await _eval(eval_id, studio)
