@@ -18,6 +18,7 @@ is a 422 that the JSON schema cannot express.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -176,8 +177,9 @@ def flatmap_headers(context: Any, headers: Any) -> st.SearchStrategy[Any]:
 
 
 @schema.parametrize()
-# derandomize: the same cases every run, so a green change lands; a random run (session 7) found a
-# Last-Event-ID header value the schema forbids but the server took (to find and fix, issue 25).
+# derandomize: the same cases every run, so a green change lands. A random run (session 7) found a
+# Last-Event-ID header value the schema forbids but the server took: pydantic's lax integers ("+1",
+# "1_0", "1.0", "01"), refused since by deps.ParamInt on every integer parameter (tested below).
 @settings(max_examples=30, deadline=None, database=None, derandomize=True, suppress_health_check=list(HealthCheck))
 def test_the_api_answers_every_generated_request_as_documented(case: Any, fuzzed_server: LiveServer) -> None:
     case.call_and_validate(
@@ -210,14 +212,28 @@ def integer_parameters() -> list[tuple[str, str, str]]:
 
 def test_every_integer_parameter_refuses_what_the_schema_forbids(fuzzed_server: LiveServer) -> None:
     parameters = integer_parameters()
-    assert {("/train/stream/{job_id}", "header", "Last-Event-ID"), ("/train/jobs", "query", "limit")} <= set(parameters)
+    assert {("/train/stream/{job_id}", "header", "Last-Event-ID"), ("/v1/files", "query", "limit")} <= set(parameters)
     for path, where, name in parameters:
+        if "{" in path.replace("{job_id}", ""):
+            continue  # an unknown export, evaluation, sweep or webhook is a 404 first; their types are checked below
         url = fuzzed_server.url + path.replace("{job_id}", KNOWN_JOBS[0])
-        for text in LAX_INTEGERS + ["1"]:
+        # A header's leading and trailing whitespace is not part of its value (RFC 9110, 5.5): left out there.
+        spellings = [t for t in LAX_INTEGERS if where != "header" or t == t.strip()]
+        for text in spellings + ["1"]:
             options: dict[str, Any] = {"headers": {**AUTH, name: text}} if where == "header" else {"headers": AUTH, "params": {name: text}}
             with httpx.stream("GET", url, timeout=30, **options) as answer:
                 if text == "1":
                     assert answer.status_code != 422, (path, name, text)
                 else:
-                    assert answer.status_code == 422, (path, name, text, answer.status_code)
+                    # OpenAI's routes answer a bad parameter 400, as OpenAI does; the others 422.
+                    assert answer.status_code == (400 if path.startswith("/v1/") else 422), (path, name, text, answer.status_code)
                     assert "decimal digits" in answer.read().decode(), (path, name, text)
+
+
+def test_no_route_declares_an_integer_parameter_but_as_a_param_int() -> None:
+    """The other half of the class: every integer parameter's type is deps.ParamInt (or one built on it)."""
+    bare = re.compile(r"Annotated\[(Optional\[)?int\b|:\s*(Optional\[)?int\]?\s*=\s*(Query|Header|Path)\(")
+    api = Path(create_app.__code__.co_filename).parent
+    found = [f"{source.relative_to(api)}:{number}: {line.strip()}" for source in sorted(api.rglob("*.py"))
+             for number, line in enumerate(source.read_text().splitlines(), 1) if bare.search(line) and not line.startswith("ParamInt =")]
+    assert not found, found
