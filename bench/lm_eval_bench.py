@@ -9,7 +9,8 @@ multiple-choice task of `--docs` questions with three choices each (loglikelihoo
 requests) and a generate_until task of a quarter as many (16 new tokens at most, greedy).
 In rounds whose order reverses every round:
 
-- **through the server**: `POST /eval/start` with the base model and one `lm_eval` suite
+- **through the server**: `POST /eval/start` with the base model (`base:<job>` of a 2-step
+  LoRA job trained first) and one `lm_eval` suite
   naming both tasks (`tasks_dir` this folder); wall time from the request to `completed` on
   `/eval/stream`: the evaluation child, lm-eval's own process (`local-completions` against
   the server's `/v1/completions`), the chat child's start and model load.
@@ -37,6 +38,7 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from chat import train  # noqa: E402
 from common import median, server, table  # noqa: E402
 
 TASKS = ("bench_mc", "bench_gen")
@@ -161,11 +163,12 @@ def main() -> None:
         work = Path(tmp)
         model_dir = prepare_smollm2(gguf, Path(args.models_dir).expanduser() if args.models_dir else work / "models")
         tasks = task_folder(work, args.docs)
-        with server(work / "data", env=OFFLINE) as (url, _):
+        with server(work / "data", env=OFFLINE) as (url, _), httpx.Client(base_url=url, timeout=1800) as http:
+            job_id, _adapter = train(url, http, model_dir)  # the base model is served as `base:<job>`
             for round_ in range(args.rounds):
                 for side in (["server", "alone"] if round_ % 2 == 0 else ["alone", "server"]):
                     if side == "server":
-                        seconds, server_scores = through_server(url, str(model_dir), tasks)
+                        seconds, server_scores = through_server(url, f"base:{job_id}", tasks)
                         served.append(seconds)
                         print(f"  round {round_ + 1}: through the server {seconds:.1f} s {server_scores}", flush=True)
                     else:

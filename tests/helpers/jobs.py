@@ -37,6 +37,9 @@ def job_request(model: Path, **overrides: Any) -> dict[str, Any]:
         "lora_alpha": 8,
         "max_seq_length": 128,
         "save_steps": 0,
+        # Never compiled unless a test asks: under the default `auto`, a long test job (thousands of
+        # steps, stopped early) would compile for a minute or more, as its machine's speed decides.
+        "compile": False,
     }
     request.update(overrides)
     return request

@@ -137,6 +137,13 @@ def test_another_users_object_is_the_404_of_an_unknown_id_on_every_route(team: T
     assert [j["job_id"] for j in team.client.get("/train/jobs", headers=team.of("alice")).json()["data"]] == [job]
     assert team.client.get("/train/jobs", headers=team.of("bob")).json()["count"] == 0
     assert team.client.get("/v1/files", headers=team.of("bob")).json()["data"] == []
+    # A list's cursor is no way round it: alice's ids in bob's `after` are as unknown as made-up ones.
+    for listing, owned_id, made_up in (("/v1/files", file_id, "file-000000000000000000000000"),
+                                       ("/v1/fine_tuning/jobs", job, "000000000000")):
+        others = team.client.get(listing, params={"after": owned_id}, headers=team.of("bob"))
+        missing = team.client.get(listing, params={"after": made_up}, headers=team.of("bob"))
+        assert others.status_code == missing.status_code != 200, (listing, others.text)
+        assert others.text.replace(owned_id, "ID") == missing.text.replace(made_up, "ID"), listing
     # The admin sees everything.
     assert [j["job_id"] for j in team.client.get("/train/jobs", headers=team.admin).json()["data"]] == [job]
     team.client.post(f"/train/stop/{job}", headers=team.of("alice"))
@@ -206,6 +213,33 @@ def test_paths_must_lie_under_the_allowed_roots_and_never_under_the_data_dir(tea
             body = request(tmp_path) | ({field: [str(path)]} if field == "local_datasets" else {field: str(path.parent)})
             answer = team.client.post("/train/start", json=body, headers=team.of("alice"))
             assert answer.status_code == 403 and answer.json()["field"] == field, answer.text
+
+
+def test_a_sweep_and_every_trial_it_queues_belong_to_its_maker(team: Team, tmp_path: Path) -> None:
+    body = {"request": request(tmp_path), "space": {"learning_rate": {"type": "float", "low": 1e-5, "high": 1e-3}},
+            "objective": {"metric": "train_loss"}, "trials": 2, "max_parallel": 1, "seed": 1}
+    created = team.client.post("/sweeps", json=body, headers=team.of("alice"))
+    assert created.status_code == 200, created.text
+    sweep_id = created.json()["sweep_id"]
+    final = wait_for(lambda: (s := team.client.get(f"/sweeps/{sweep_id}", headers=team.of("alice")).json())["status"]
+                     in ("completed", "stopped", "error") and s, timeout=60, what="alice's sweep to end")
+    assert final["status"] == "completed", final
+    # The second trial was queued by the server's own task, after the first ended: alice's all the same.
+    trials = [t["job_id"] for t in final["trials"]]
+    assert len(trials) == 2
+    alices = {j["job_id"] for j in team.client.get("/train/jobs", headers=team.of("alice")).json()["data"]}
+    assert set(trials) <= alices
+    assert team.client.get("/train/jobs", headers=team.of("bob")).json()["count"] == 0
+    # Bob: the sweep is the 404 of an id never made, on every sweep route, and his list is empty.
+    unknown = "sw_" + "0" * 12
+    for method, path in (("GET", "/sweeps/{}"), ("GET", "/sweeps/{}/stream"), ("POST", "/sweeps/{}/stop")):
+        others = team.client.request(method, path.format(sweep_id), headers=team.of("bob"))
+        missing = team.client.request(method, path.format(unknown), headers=team.of("bob"))
+        assert others.status_code == 404 == missing.status_code, (path, others.text)
+        assert others.text.replace(sweep_id, "ID") == missing.text.replace(unknown, "ID"), path
+    assert team.client.get("/sweeps", headers=team.of("bob")).json()["sweeps"] == []
+    assert [s["sweep_id"] for s in team.client.get("/sweeps", headers=team.of("alice")).json()["sweeps"]] == [sweep_id]
+    assert [s["sweep_id"] for s in team.client.get("/sweeps", headers=team.admin).json()["sweeps"]] == [sweep_id]
 
 
 def test_fair_queue_a_queues_three_then_b_one_b_runs_second(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -272,7 +272,8 @@ def _client_options(parser: argparse.ArgumentParser, output_json_help: Optional[
     )
     parser.add_argument(
         "--token", default=os.environ.get("FINETUNE_STUDIO_TOKEN"),
-        help="the server's API token (default FINETUNE_STUDIO_TOKEN)",
+        help="the server's API token or your API key (default FINETUNE_STUDIO_TOKEN, else the key"
+             " `finetune-studio login` kept for the server)",
     )
     if output_json_help is not None:
         parser.add_argument("--output-json", action="store_true", help=output_json_help)
@@ -665,6 +666,18 @@ def build_parser() -> argparse.ArgumentParser:
     _client_options(stop, "print the server's JSON answer")
     stop.set_defaults(func=_client_command(_stop))
 
+    login = commands.add_parser(
+        "login", help="check an API key and keep it in your config file (mode 0600) for every client command",
+        description="Check an API key against the server (GET /auth/me) and keep it for that server in"
+                    " ~/.config/finetune-studio/config.json (or $FINETUNE_STUDIO_CONFIG), mode 0600. The key comes"
+                    " from --token, else stdin (a prompt that does not echo, on a terminal).",
+    )
+    _client_options(login, None)
+    login.set_defaults(func=_login)
+    logout = commands.add_parser("logout", help="forget the key kept for the server")
+    _client_options(logout, None)
+    logout.set_defaults(func=_logout)
+
     _add_chat_parser(commands)
     _add_webhooks_parser(commands)
     _add_users_parser(commands)
@@ -680,8 +693,24 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _login(args: argparse.Namespace) -> int:
+    from finetune_studio.cli.login import login
+
+    return login(args.server, args.token)
+
+
+def _logout(args: argparse.Namespace) -> int:
+    from finetune_studio.cli.login import logout
+
+    return logout(args.server)
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     args = build_parser().parse_args(argv)
+    if getattr(args, "token", "") is None and getattr(args, "server", None) and args.func is not _login:
+        from finetune_studio.cli.login import stored_key
+
+        args.token = stored_key(args.server)  # `finetune-studio login`'s key for this server, if any
     return int(args.func(args))
 
 

@@ -15,8 +15,10 @@ from finetune_studio.child.channel import Channel, StopRequested, StopSignal
 from finetune_studio.evaluation.api import OpenAIEndpoint
 from finetune_studio.evaluation.stats import Estimate
 
-# Requests in flight at once per suite: the chat child decodes concurrent answers in one batch.
-CONCURRENT_REQUESTS = 4
+# Requests in flight at once per suite: the chat child decodes concurrent answers in one batch
+# (8 streams decode at 4.8x one on 2 CPU cores, docs/BENCHMARKS.md), and half the batch's default
+# room (max_batch_size 16) stays free for the chats of people using the server meanwhile.
+CONCURRENT_REQUESTS = 8
 # Text of a per-sample row (a prompt, an answer, a reason) is cut to this many characters.
 MAX_SAMPLE_TEXT = 4000
 # At most one progress event this often (the last of a suite always goes).

@@ -171,7 +171,12 @@ class FileStore:
             query += " AND purpose = ?"
             params.append(purpose)
         if after is not None:
-            seq = self._db.execute("SELECT seq FROM files WHERE id = ?", (after,)).fetchone()
+            # The cursor is looked up among the files the caller may see: another user's file id
+            # is as unknown as one that never existed (no existence oracle through `after`).
+            if owner is None:
+                seq = self._db.execute("SELECT seq FROM files WHERE id = ?", (after,)).fetchone()
+            else:
+                seq = self._db.execute("SELECT seq FROM files WHERE id = ? AND owner = ?", (after, owner)).fetchone()
             if seq is None:
                 raise FileNotFound(f"after: no file with id {after!r}", param="after")
             query += " AND seq < ?" if newest_first else " AND seq > ?"

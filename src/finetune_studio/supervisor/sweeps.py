@@ -54,8 +54,11 @@ if TYPE_CHECKING:  # pragma: no cover - types only
 
 log = logging.getLogger("finetune_studio.sweeps")
 
-# Queue one trial: (the training request with the trial's values, the job's `sweep` tag) -> its job id.
-QueueTrial = Callable[[dict[str, Any], dict[str, Any]], str]
+# Where a sweep's spec keeps its maker (with accounts on): {name, admin}; None in single-user mode.
+OWNER = "owner"
+# Queue one trial: (the training request with the trial's values, the job's `sweep` tag, the sweep's
+# maker {name, admin} or None) -> its job id.
+QueueTrial = Callable[[dict[str, Any], dict[str, Any], Optional[dict[str, Any]]], str]
 Result = TypeVar("Result")
 # How often an idle sweep stream sends a keep-alive comment.
 KEEPALIVE_SECONDS = 15.0
@@ -117,7 +120,8 @@ class SweepManager:
     # -- commands -----------------------------------------------------------
 
     async def create(
-        self, spec: SweepCreate, base_request: dict[str, Any], planned: int, secrets: Optional[dict[str, str]] = None
+        self, spec: SweepCreate, base_request: dict[str, Any], planned: int, secrets: Optional[dict[str, str]] = None,
+        owner: Optional[dict[str, Any]] = None,
     ) -> SweepRecord:
         """Create the sweep's study (Optuna refusing the space: SweepRefused) and its row; its first trials follow.
         `base_request` is stored (redacted); `secrets` are held in memory only, for its trials (a restart loses them)."""
@@ -131,7 +135,7 @@ class SweepManager:
         self._studies[sweep_id] = study
         if secrets:
             self._secrets[sweep_id] = secrets
-        stored = {**spec.model_dump(), "request": base_request, "trials_planned": planned}
+        stored = {**spec.model_dump(), "request": base_request, "trials_planned": planned, OWNER: owner}
         self.table.create(sweep_id, stored, _status(sweep_id, "queued", f"Queued: {planned} trials"))
         self._spawn(self._advance(sweep_id), f"sweep {sweep_id}")
         return self.table.get(sweep_id)
@@ -385,7 +389,7 @@ class SweepManager:
         request = {**sweep.spec["request"], **self._secrets.get(sweep_id, {}), **params}
         tag = {"sweep_id": sweep_id, "trial": number}
         try:
-            job_id = self.queue_trial(request, tag)
+            job_id = self.queue_trial(request, tag, sweep.spec.get(OWNER))
         except Exception as exc:  # refused (Refused, StorageFailed) or broken: the trial fails, counted, and the sweep goes on
             if not isinstance(exc, (Refused, StorageFailed)):
                 log.exception("queueing trial %d of sweep %s failed", number, sweep_id)
@@ -445,7 +449,7 @@ class SweepManager:
             from finetune_studio.supervisor.sweep_study import open_study
 
             spec = SweepCreate.model_validate(
-                {key: value for key, value in self.table.get(sweep_id).spec.items() if key != "trials_planned"}
+                {key: value for key, value in self.table.get(sweep_id).spec.items() if key not in ("trials_planned", OWNER)}
             )
             study = self._studies[sweep_id] = await self._in_thread(lambda: open_study(self.sweeps_db, sweep_id, spec))
         return study

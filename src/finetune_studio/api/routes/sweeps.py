@@ -9,7 +9,7 @@ trials later. The sweep itself runs in supervisor/sweeps.py.
 from __future__ import annotations
 
 import math
-from typing import Annotated, Any
+from typing import Annotated, Any, Optional
 
 from fastapi import APIRouter, Depends, Request, Response, status
 from pydantic import ValidationError
@@ -20,7 +20,8 @@ from finetune_studio.api.job_stream import LastEventIdHeader, LastEventIdQuery
 from finetune_studio.api.routes.evaluation import check_suites
 from finetune_studio.api.routes.train import queue_training
 from finetune_studio.api.streaming import BoundedEventStream
-from finetune_studio.errors import PastLastEvent, StartRefused, SweepRefused
+from finetune_studio.errors import PastLastEvent, StartRefused, SweepNotFound, SweepRefused
+from finetune_studio.jobs.accounts import ACTING, Principal, seen_owner, sees
 from finetune_studio.schemas import (
     SECRET_FIELDS,
     SWEEP_TRIAL,
@@ -32,7 +33,7 @@ from finetune_studio.schemas import (
     TrainingStartRequest,
     suite_names,
 )
-from finetune_studio.supervisor.sweeps import SweepManager
+from finetune_studio.supervisor.sweeps import OWNER, SweepManager
 
 router = APIRouter(prefix="/sweeps", tags=["sweeps"])
 
@@ -52,12 +53,33 @@ ManagerDep = Annotated[SweepManager, Depends(_manager)]
 
 
 def trial_queue(studio: Studio) -> Any:
-    """How the manager queues a trial: the admission path of POST /train/start, tagged with its sweep."""
+    """How the manager queues a trial: the admission path of POST /train/start, tagged with its
+    sweep, as the sweep's maker (with accounts on): the trial is theirs, and counts towards
+    their queue limit, whichever task of the server's asks for it."""
 
-    def queue(request: dict[str, Any], tag: dict[str, Any]) -> str:
-        return queue_training(studio, TrainingStartRequest.model_validate(request), extra={SWEEP_TRIAL: tag}).id
+    def queue(request: dict[str, Any], tag: dict[str, Any], owner: Optional[dict[str, Any]] = None) -> str:
+        acting = ACTING.set(Principal(str(owner["name"]), bool(owner.get("admin")), frozenset({"train"}))) if owner else None
+        try:
+            return queue_training(studio, TrainingStartRequest.model_validate(request), extra={SWEEP_TRIAL: tag}).id
+        finally:
+            if acting is not None:
+                ACTING.reset(acting)
 
     return queue
+
+
+def _owner_now() -> Optional[dict[str, Any]]:
+    principal = ACTING.get()
+    return {"name": principal.name, "admin": principal.admin} if principal is not None else None
+
+
+def _seen(sweeps: SweepManager, sweep_id: str) -> Any:
+    """The sweep, if the caller may see it; another user's is as unknown as an id never made (404)."""
+    sweep = sweeps.table.get(sweep_id)  # SweepNotFound -> 404
+    owner = sweep.spec.get(OWNER)
+    if not sees(owner["name"] if isinstance(owner, dict) else None):
+        raise SweepNotFound(sweep_id)
+    return sweep
 
 
 @router.post("", responses=_REFUSED)
@@ -66,20 +88,23 @@ async def create_sweep(body: SweepCreate, studio: StudioDep, sweeps: ManagerDep)
     base = _check(body, studio)
     planned = _planned(body)
     secrets = {name: value for name in SECRET_FIELDS if (value := getattr(base, name))}
-    sweep = await sweeps.create(body, base.redacted(), planned, secrets)
+    sweep = await sweeps.create(body, base.redacted(), planned, secrets, owner=_owner_now())
     return SweepCreated(sweep_id=sweep.id, message=f"Sweep {sweep.id} queued: {planned} trials")
 
 
 @router.get("")
 async def list_sweeps(sweeps: ManagerDep, limit: PageLimit = 20) -> SweepList:
     """The newest sweeps first, each with its trials and best trial."""
-    return SweepList(sweeps=[sweeps.status(sweep.id) for sweep in sweeps.table.list_sweeps(limit)])
+    if seen_owner() is None:
+        return SweepList(sweeps=[sweeps.status(sweep.id) for sweep in sweeps.table.list_sweeps(limit)])
+    own = [sweep for sweep in sweeps.table.list_sweeps(2**31) if sees((sweep.spec.get(OWNER) or {}).get("name"))]
+    return SweepList(sweeps=[sweeps.status(sweep.id) for sweep in own[:limit]])
 
 
 @router.get("/{sweep_id}", responses=_NOT_FOUND)
 async def get_sweep(sweep_id: str, sweeps: ManagerDep) -> SweepStatus:
     """The sweep: its trials (values, objective, state), the best trial, and Optuna's parameter importances."""
-    sweeps.table.get(sweep_id)  # SweepNotFound -> 404
+    _seen(sweeps, sweep_id)
     await sweeps.importances(sweep_id)
     return sweeps.status(sweep_id)
 
@@ -91,7 +116,7 @@ async def stream_sweep(
 ) -> Response:
     """The sweep's events (SSE): `status` (its own) and `trial` (a trial queued, started, reported,
     pruned, finished, failed or queued again), ending after its terminal status; Last-Event-ID resumes."""
-    sweep = sweeps.table.get(sweep_id)
+    sweep = _seen(sweeps, sweep_id)
     cursor = max(last_event_id or 0, after or 0)
     if cursor > sweep.last_event_id:
         raise PastLastEvent(sweep_id, cursor, sweep.last_event_id)
@@ -104,6 +129,7 @@ async def stream_sweep(
 @router.post("/{sweep_id}/stop", responses=_NOT_FOUND)
 async def stop_sweep(sweep_id: str, sweeps: ManagerDep) -> SweepStatus:
     """Stop the sweep: no further trials; its running trials stop after their step and save what they trained."""
+    _seen(sweeps, sweep_id)
     return await sweeps.stop(sweep_id)
 
 
