@@ -40,3 +40,20 @@ def test_a_status_and_its_deliveries_are_written_together_or_not_at_all(tmp_path
     assert store.health.fault is None
     types = [d.event_type for d in store.webhooks.deliveries(hook.id, 3)]
     assert sorted(types[:2]) == ["fine_tuning.job.failed", "studio.job.phase"]
+
+
+@pytest.mark.parametrize(
+    ("phase", "details", "sent"),
+    [
+        ("completed", {}, {"fine_tuning.job.succeeded", "studio.job.phase"}),
+        ("error", {}, {"fine_tuning.job.failed", "studio.job.phase"}),
+        ("stopped", {}, {"fine_tuning.job.cancelled", "studio.job.phase"}),
+        ("stopped", {"paused": True}, {"studio.job.phase"}),  # a pause is not an end
+        ("stopped", {"pruned": True}, {"studio.job.phase"}),  # nor is a pruned trial cancelled
+        ("training", {}, {"studio.job.phase"}),
+    ],
+)
+def test_a_training_status_sends_exactly_its_events(phase: str, details: dict, sent: set) -> None:  # type: ignore[type-arg]
+    from finetune_studio.jobs.webhooks import EVENTS
+
+    assert {name for name, event in EVENTS.items() if event.kind == "train" and event.sent_by(phase, details)} == sent

@@ -35,7 +35,9 @@ class EventType:
 
 
 def _ended(end: str) -> Callable[[str, dict[str, Any]], bool]:
-    return lambda phase, details: openai_end(phase, details) == end
+    # A sweep trial that its pruner stopped was not cancelled by anyone: it sends the studio's
+    # phase event (and the sweep's trial event) only, never OpenAI's `cancelled`.
+    return lambda phase, details: openai_end(phase, details) == end and not details.get("pruned")
 
 
 def _terminal(phase: str, details: dict[str, Any]) -> bool:
