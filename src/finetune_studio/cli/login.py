@@ -48,10 +48,14 @@ def read_config(path: Optional[Path] = None) -> dict[str, Any]:
     return found if isinstance(found, dict) else {}
 
 
+def stored_keys(config: dict[str, Any]) -> dict[str, str]:
+    """The config's keys by server (anything else there is left out)."""
+    keys = config.get("keys")
+    return {k: v for k, v in keys.items() if isinstance(k, str) and isinstance(v, str)} if isinstance(keys, dict) else {}
+
+
 def stored_key(url: str, path: Optional[Path] = None) -> Optional[str]:
-    keys = read_config(path).get("keys")
-    key = keys.get(server_key(url)) if isinstance(keys, dict) else None
-    return key if isinstance(key, str) and key else None
+    return stored_keys(read_config(path)).get(server_key(url)) or None
 
 
 def write_config(content: dict[str, Any], path: Optional[Path] = None) -> Path:
@@ -104,8 +108,7 @@ def login(url: str, token: Optional[str], out: Optional[TextIO] = None, stdin: O
         raise SystemExit("error: no key given: pass --token KEY, pipe it on stdin, or type it at the prompt")
     who = check_key(url, key)
     config = read_config()
-    keys = config.get("keys") if isinstance(config.get("keys"), dict) else {}
-    config["keys"] = {**keys, server_key(url): key}
+    config["keys"] = {**stored_keys(config), server_key(url): key}
     path = write_config(config)
     print(f"Signed in to {server_key(url)} as {who}; the key is kept in {path} (mode 0600)", file=out)
     return 0
@@ -114,7 +117,7 @@ def login(url: str, token: Optional[str], out: Optional[TextIO] = None, stdin: O
 def logout(url: str, out: Optional[TextIO] = None) -> int:
     out = out or sys.stdout
     config = read_config()
-    keys = config.get("keys") if isinstance(config.get("keys"), dict) else {}
+    keys = stored_keys(config)
     if server_key(url) not in keys:
         print(f"No key is kept for {server_key(url)} in {config_path()}", file=out)
         return 0
