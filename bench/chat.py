@@ -34,7 +34,6 @@ import argparse
 import gc
 import json
 import os
-import platform
 import sys
 import tempfile
 import time
@@ -46,7 +45,18 @@ import httpx
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import job_request, median, rss_mb, server, start_job, table, tiny_model, verdict  # noqa: E402
+from common import (  # noqa: E402
+    job_request,
+    load_average,
+    machine_line,
+    median,
+    rss_mb,
+    server,
+    start_job,
+    table,
+    tiny_model,
+    verdict,
+)
 
 PROMPT = "Write a long story about a ship at sea."
 TOKENS = 64
@@ -201,8 +211,8 @@ def main() -> None:
         parser.error(f"unknown model(s) {sorted(set(chosen) - {'tiny', 'smollm2'})}; choose from tiny, smollm2")
     warnings.filterwarnings("ignore")  # the libraries' deprecation notes would interleave with the tables
     os.environ.setdefault("TQDM_DISABLE", "1")
-    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, {platform.platform()}")
-    print(f"load average before: {' '.join(f'{load:.2f}' for load in os.getloadavg())}\n", flush=True)
+    print(machine_line())
+    print(load_average("before") + "\n", flush=True)
     with tempfile.TemporaryDirectory(prefix="finetune-studio-bench-chat-") as tmp:
         work = Path(tmp)
         models: list[tuple[str, Path, bool]] = []
@@ -233,7 +243,7 @@ def main() -> None:
          verdict(growth < RSS_GROWTH_MB)),
         ("torch or transformers mapped into the server", ", ".join(heavy) or "neither", "neither", verdict(not heavy)),
     ]))
-    print(f"load average after: {' '.join(f'{load:.2f}' for load in os.getloadavg())}")
+    print(load_average("after"))
 
 
 if __name__ == "__main__":

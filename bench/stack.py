@@ -26,8 +26,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import platform
 import sys
 import tempfile
 import threading
@@ -39,8 +37,11 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import (  # noqa: E402
+from common import (
+    # noqa: E402,
     job_request,
+    load_average,
+    machine_line,
     median,
     percentile,
     raise_fd_limit,
@@ -141,8 +142,8 @@ def main() -> None:
     parser.add_argument("--fanout-steps", type=int, default=150)
     args = parser.parse_args()
     raise_fd_limit()
-    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, {platform.platform()}")
-    print(f"load average before: {' '.join(f'{load:.2f}' for load in os.getloadavg())}\n", flush=True)
+    print(machine_line())
+    print(load_average("before") + "\n", flush=True)
     receiver = ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
     threading.Thread(target=receiver.serve_forever, daemon=True).start()
     receiver_url = f"http://127.0.0.1:{receiver.server_address[1]}/hook"
@@ -179,7 +180,7 @@ def main() -> None:
     rows.append(("with the stack: webhook deliveries received per setup, /metrics scrapes per setup",
                  f"{med(True, 'deliveries'):.0f}, {med(True, 'scrapes'):.0f}", "", ""))
     print(table(f"The stack's cost: {WEBHOOKS} webhooks and /metrics every second ({args.rounds} alternating rounds, medians)", rows))
-    print(f"load average after: {' '.join(f'{load:.2f}' for load in os.getloadavg())}")
+    print(load_average("after"))
 
 
 if __name__ == "__main__":

@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import sqlite3
 import sys
 import tempfile
@@ -32,7 +30,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import DEMO_DATA, job_request, server, table, tiny_model, verdict  # noqa: E402
+from common import DEMO_DATA, job_request, load_average, machine_line, server, table, tiny_model, verdict  # noqa: E402
 from finetune_studio.wire import DataDir  # noqa: E402
 
 BUDGET = 0.01
@@ -47,8 +45,8 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=6)
     parser.add_argument("--steps", type=int, default=30, help="steps per trial (default 30)")
     args = parser.parse_args()
-    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, {platform.platform()}")
-    print(f"load average before: {' '.join(f'{load:.2f}' for load in os.getloadavg())}\n", flush=True)
+    print(machine_line())
+    print(load_average("before") + "\n", flush=True)
     with tempfile.TemporaryDirectory(prefix="finetune-studio-bench-sweep-") as tmp:
         work = Path(tmp)
         model = tiny_model(work)
@@ -97,7 +95,7 @@ def main() -> None:
         ("overhead / trials' wall time", f"{share:.2%}", f"< {BUDGET:.0%}", verdict(share < BUDGET)),
     ]
     print(table(f"Sweep overhead: {args.trials} TPE trials of {args.steps} steps on the tiny model, max_parallel 1", rows))
-    print(f"load average after: {' '.join(f'{load:.2f}' for load in os.getloadavg())}")
+    print(load_average("after"))
 
 
 if __name__ == "__main__":
