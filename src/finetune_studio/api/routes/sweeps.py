@@ -73,11 +73,16 @@ def _owner_now() -> Optional[dict[str, Any]]:
     return {"name": principal.name, "admin": principal.admin} if principal is not None else None
 
 
+def _owner_of(sweep: Any) -> Optional[str]:
+    """The name of the sweep's maker (None: made in single-user mode, the admins')."""
+    owner = sweep.spec.get(OWNER)
+    return str(owner["name"]) if isinstance(owner, dict) else None
+
+
 def _seen(sweeps: SweepManager, sweep_id: str) -> Any:
     """The sweep, if the caller may see it; another user's is as unknown as an id never made (404)."""
     sweep = sweeps.table.get(sweep_id)  # SweepNotFound -> 404
-    owner = sweep.spec.get(OWNER)
-    if not sees(owner["name"] if isinstance(owner, dict) else None):
+    if not sees(_owner_of(sweep)):
         raise SweepNotFound(sweep_id)
     return sweep
 
@@ -97,7 +102,7 @@ async def list_sweeps(sweeps: ManagerDep, limit: PageLimit = 20) -> SweepList:
     """The newest sweeps first, each with its trials and best trial."""
     if seen_owner() is None:
         return SweepList(sweeps=[sweeps.status(sweep.id) for sweep in sweeps.table.list_sweeps(limit)])
-    own = [sweep for sweep in sweeps.table.list_sweeps(2**31) if sees((sweep.spec.get(OWNER) or {}).get("name"))]
+    own = [sweep for sweep in sweeps.table.list_sweeps(2**31) if sees(_owner_of(sweep))]
     return SweepList(sweeps=[sweeps.status(sweep.id) for sweep in own[:limit]])
 
 
