@@ -36,7 +36,7 @@ DECIMAL_INTEGER = re.compile(r"-?(0|[1-9][0-9]*)")
 
 def _decimal_integer(value: Any) -> Any:
     if isinstance(value, str) and not DECIMAL_INTEGER.fullmatch(value):
-        raise ValueError("must be an integer in decimal digits, such as 20 (no sign, spaces, point or leading zero)")
+        raise ValueError("must be an integer in decimal digits, such as 20 (no plus sign, spaces, point, underscore or leading zero)")
     return value
 
 
