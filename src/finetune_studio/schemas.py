@@ -1381,3 +1381,11 @@ class UserCreate(BaseModel):
     name: str
     password: Optional[str] = Field(default=None, min_length=8, max_length=1024, description="For the page's sign-in.")
     admin: bool = False
+
+
+class SessionCreate(BaseModel):
+    """POST /auth/session: the page's sign-in with a user's name and password."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(min_length=1, max_length=64)
+    password: str = Field(min_length=1, max_length=1024)

@@ -1,12 +1,17 @@
 """Accounts on the server's side (with `accounts` on; jobs/accounts.py holds the tables).
 
 `AccountGuard` (ASGI middleware, in front of the routes like api/auth.py's TokenGuard,
-which it replaces) turns a request's `Authorization: Bearer <key>` into the `Principal` it
-acts as, set in `ACTING` for the request's own context: a key (one HMAC and one indexed
-read), or FINETUNE_STUDIO_TOKEN, which is the first admin's key. A missing, unknown,
-revoked or expired key is a 401; an address with too many failures in a minute gets 429
-with Retry-After. A key's streams (and its writes) run in a task of their own, which a
-revocation, or the key's expiry, cancels: the stream ends there.
+which it replaces) turns a request's `Authorization: Bearer <key>`, or else the page's
+session cookie (SESSION_COOKIE, set by signing in: POST /auth/session), into the `Principal`
+it acts as, set in `ACTING` for the request's own context: a key (one HMAC and one indexed
+read), FINETUNE_STUDIO_TOKEN, which is the first admin's key, or a session, which holds every
+scope its user has. A missing, unknown, revoked or expired key or session is a 401; an
+address with too many failed keys, sessions or sign-ins in a minute gets 429 with
+Retry-After (and so does an account with too many failed sign-ins). A write made with the
+cookie must carry the session's CSRF token in CSRF_HEADER (403 otherwise): the cookie goes
+with any request the browser sends, the header only with the page's own. A key's or a
+session's streams (and its writes) run in a task of their own, which a revocation, a
+sign-out, the user's removal or the expiry cancels: the stream ends there.
 
 `authorize` (a dependency of every API router) then asks the route's scope (api/scopes.py)
 and, for a user who is not an admin, the owner of every id in the path: another user's
@@ -28,23 +33,34 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from fastapi import Request
+from starlette.requests import cookie_parser
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from finetune_studio.api.auth import under_prefixes
 from finetune_studio.api.deps import Studio, studio_of
 from finetune_studio.api.openai_errors import is_openai_path
-from finetune_studio.api.scopes import OPEN_PATHS, scope_of
+from finetune_studio.api.origin import SAFE_METHODS
+from finetune_studio.api.scopes import OPEN_PATHS, OPEN_ROUTES, scope_of
 from finetune_studio.errors import FileNotFound, JobNotFound, StudioError
 from finetune_studio.files.store import file_not_found
-from finetune_studio.jobs.accounts import ACTING, SCOPES, AccountTable, KeyRecord, Principal
+from finetune_studio.jobs.accounts import ACTING, SCOPES, AccountTable, KeyRecord, Principal, user_scopes
 from finetune_studio.openai_wire import error_body
 
 log = logging.getLogger("finetune_studio")
 
-# Key failures an address may have in FAILURE_WINDOW_SECONDS before it is refused (429) until the window moves.
+# Failures (wrong keys, sessions, passwords) an address, or an account (sign-ins), may have in
+# FAILURE_WINDOW_SECONDS before it is refused (429) until the window moves.
 MAX_FAILURES = 10
 FAILURE_WINDOW_SECONDS = 60.0
+# The page's session: the cookie that names it, and the header a write made with it must carry.
+SESSION_COOKIE = "finetune_studio_session"
+CSRF_HEADER = "X-CSRF-Token"
+_CSRF_HEADER_KEY = CSRF_HEADER.lower().encode()
+MISSING = (
+    "missing API key or session: send Authorization: Bearer <key> (a key from POST /auth/keys),"
+    " or sign in on the page (POST /auth/session)"
+)
 # Writes not recorded in the audit log: they start, stop, delete or export nothing.
 NOT_AUDITED = ("/v1/chat/completions", "/v1/completions", "/datasets/inspect")
 # The ids a write's answer may name (what it made), for the audit log; never a key.
@@ -84,7 +100,7 @@ class Accounts:
         scheme, _, given = header.partition(b" ")
         given = given.strip()
         if scheme.lower() != b"bearer" or not given:
-            return "missing API key: send Authorization: Bearer <key> (a key from POST /auth/keys)"
+            return MISSING if not header else "malformed Authorization header: send Authorization: Bearer <key>"
         if self._token is not None and hmac.compare_digest(given, self._token):
             return Principal(self.table.first_admin(), True, frozenset(SCOPES))
         found = self.table.lookup(given.decode("latin-1"))
@@ -99,9 +115,21 @@ class Accounts:
         self.table.touch(record.id, now)
         return _principal(record, admin)
 
-    def blocked(self, address: str) -> Optional[int]:
-        """Seconds until `address` may try a key again, or None when it may now."""
-        failures = self._failures.get(address)
+    def authenticate_session(self, value: str) -> Principal | str:
+        """The principal of a session cookie's value (every scope its user has), or why there is none."""
+        found = self.table.session(value)
+        if found is None:
+            return "unknown or expired session: sign in again (POST /auth/session)"
+        record, admin = found
+        return Principal(record.user, admin, user_scopes(admin), None, record.expires_at, record.id)
+
+    def blocked(self, address: str, account: Optional[str] = None) -> Optional[int]:
+        """Seconds until `address` (and `account`, for a sign-in) may try again, or None when they may now."""
+        waits = [wait for wait in (self._wait(address), self._wait(_account_bucket(account))) if wait is not None]
+        return max(waits) if waits else None
+
+    def _wait(self, bucket: Optional[str]) -> Optional[int]:
+        failures = self._failures.get(bucket) if bucket is not None else None
         if not failures:
             return None
         now = time.monotonic()
@@ -111,18 +139,24 @@ class Accounts:
             return None
         return max(1, int(failures[0] + FAILURE_WINDOW_SECONDS - now + 0.999))
 
-    def failed(self, address: str, reason: str) -> None:
-        failures = self._failures.setdefault(address, deque())
-        failures.append(time.monotonic())
-        if len(failures) <= MAX_FAILURES:  # past the limit the 429s say it; the log is not flooded
-            self.table.audit(None, "key_failed", address=address, detail=reason.split(":")[0])
+    def failed(self, address: str, reason: str, account: Optional[str] = None, action: str = "key_failed") -> None:
+        """Count a failure of `address` (and of `account`, an existing user's sign-in), and audit it."""
+        now = time.monotonic()
+        counts = []
+        for bucket in (address, _account_bucket(account)):
+            if bucket is not None:
+                failures = self._failures.setdefault(bucket, deque())
+                failures.append(now)
+                counts.append(len(failures))
+        if min(counts) <= MAX_FAILURES:  # past the limit the 429s say it; the log is not flooded
+            self.table.audit(None, action, account, address, reason.split(":")[0])
 
     # -- open requests of a key --------------------------------------------------
 
     def watch(self, principal: Principal, task: asyncio.Future[None]) -> _Watch:
         watch = _Watch(principal, task)
-        if principal.key_id is not None:
-            self._watches.setdefault(principal.key_id, set()).add(watch)
+        if principal.credential is not None:
+            self._watches.setdefault(principal.credential, set()).add(watch)
             if principal.expires_at is not None:
                 delay = max(0.0, principal.expires_at - time.time())
                 watch.timer = asyncio.get_running_loop().call_later(delay, watch.close)
@@ -131,32 +165,84 @@ class Accounts:
     def unwatch(self, watch: _Watch) -> None:
         if watch.timer is not None:
             watch.timer.cancel()
-        key_id = watch.principal.key_id
-        if key_id is not None:
-            watches = self._watches.get(key_id, set())
+        credential = watch.principal.credential
+        if credential is not None:
+            watches = self._watches.get(credential, set())
             watches.discard(watch)
             if not watches:
-                self._watches.pop(key_id, None)
+                self._watches.pop(credential, None)
+
+    def _close(self, credential: str, spare: Optional[asyncio.Future[Any]] = None) -> None:
+        for watch in list(self._watches.get(credential, ())):
+            if watch.task is not spare:
+                watch.close()
 
     def revoke(self, key_id: str) -> KeyRecord:
         """Revoke the key: its next request is a 401, and what it has open now ends."""
         record = self.table.revoke_key(key_id)
-        for watch in list(self._watches.get(key_id, ())):
-            watch.close()
+        self._close(key_id)
         return record
+
+    def end_session(self, session_id: str, spare: Optional[asyncio.Future[Any]] = None) -> None:
+        """Sign a session out: its cookie's next request is a 401, and what it has open now ends
+        (but `spare`: the sign-out's own request, which answers)."""
+        self.table.end_session(session_id)
+        self._close(session_id, spare)
+
+    def remove_user(self, name: str) -> None:
+        """Remove a user: their keys are revoked and their sessions end, with what either has open."""
+        for key in self.table.keys(name):
+            self.revoke(key.id)
+        sessions = self.table.sessions_of(name)
+        self.table.remove_user(name)
+        for session_id in sessions:
+            self._close(session_id)
+
+
+def _account_bucket(account: Optional[str]) -> Optional[str]:
+    """The failure count of an account's sign-ins (no address has a space in it)."""
+    return f"account {account}" if account is not None else None
+
+
+def session_value(scope: Scope) -> Optional[str]:
+    """The session cookie's value in a request's headers, or None."""
+    for name, value in scope["headers"]:
+        if name == b"cookie":
+            found = cookie_parser(value.decode("latin-1")).get(SESSION_COOKIE)
+            if found:
+                return found
+    return None
 
 
 def _principal(record: KeyRecord, admin: bool) -> Principal:
     return Principal(record.user, admin, frozenset(record.scopes), record.id, record.expires_at)
 
 
+_CODES = {401: "invalid_api_key", 403: "csrf_token_invalid", 429: "rate_limit_exceeded"}
+
+
 def _refusal(path: str, status: int, message: str, headers: dict[str, str]) -> JSONResponse:
     if is_openai_path(path):
-        code = "invalid_api_key" if status == 401 else "rate_limit_exceeded"
-        body: dict[str, Any] = error_body(message, "invalid_request_error", code=code)
+        body: dict[str, Any] = error_body(message, "invalid_request_error", code=_CODES[status])
     else:
         body = {"detail": message}
     return JSONResponse(body, status_code=status, headers=headers)
+
+
+def _csrf_refusal(scope: Scope, accounts: Accounts, value: str) -> Optional[str]:
+    """Why a write made with the session cookie `value` is refused for its CSRF token, or None."""
+    given = next((header for name, header in scope["headers"] if name == _CSRF_HEADER_KEY), b"").strip()
+    if not given:
+        return (
+            f"missing CSRF token: a {scope['method']} signed in with the session cookie must carry the header"
+            f" {CSRF_HEADER} (its value is csrf_token in the answer of POST /auth/session and GET /auth/me)"
+        )
+    if not hmac.compare_digest(given, accounts.table.csrf_token(value).encode()):
+        return (
+            f"wrong CSRF token: {CSRF_HEADER} is not this session's csrf_token (GET /auth/me answers it);"
+            " signing in again makes a new session with a new token"
+        )
+    return None
 
 
 class AccountGuard:
@@ -168,7 +254,10 @@ class AccountGuard:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path", "")
-        if scope["type"] != "http" or path in OPEN_PATHS or not under_prefixes(path, self.prefixes):
+        if (
+            scope["type"] != "http" or path in OPEN_PATHS or (scope["method"], path) in OPEN_ROUTES
+            or not under_prefixes(path, self.prefixes)
+        ):
             await self.app(scope, receive, send)
             return
         accounts: Accounts = scope["app"].state.accounts
@@ -176,15 +265,26 @@ class AccountGuard:
         address = str(client[0]) if client else "unknown"
         wait = accounts.blocked(address)
         if wait is not None:
-            message = f"too many failed API keys from {address}: try again in {wait} s"
+            message = f"too many failed API keys, sessions or sign-ins from {address}: try again in {wait} s"
             await _refusal(path, 429, message, {"Retry-After": str(wait)})(scope, receive, send)
             return
+        # A key wins over the cookie: a page of another site cannot send an Authorization header.
         header = next((value for name, value in scope["headers"] if name == b"authorization"), b"")
-        principal = accounts.authenticate(header)
+        cookie = None if header else session_value(scope)
+        principal = accounts.authenticate(header) if cookie is None else accounts.authenticate_session(cookie)
         if isinstance(principal, str):
-            accounts.failed(address, principal)
-            await _refusal(path, 401, principal, {"WWW-Authenticate": "Bearer"})(scope, receive, send)
+            if header or cookie is not None:  # a request naming no key or session guesses nothing
+                accounts.failed(address, principal)
+            refusal = _refusal(path, 401, principal, {"WWW-Authenticate": "Bearer"})
+            if cookie is not None:  # the page stops sending a dead session
+                refusal.delete_cookie(SESSION_COOKIE, path="/", httponly=True, samesite="strict")
+            await refusal(scope, receive, send)
             return
+        if cookie is not None and str(scope["method"]).upper() not in SAFE_METHODS:
+            why = _csrf_refusal(scope, accounts, cookie)
+            if why is not None:
+                await _refusal(path, 403, why, {})(scope, receive, send)
+                return
         acting = ACTING.set(principal)
         try:
             method = scope["method"]
@@ -218,7 +318,7 @@ class AccountGuard:
             if not watch.fired:
                 raise
             if not answer["status"]:
-                text = "this API key was revoked or has expired while the request was served"
+                text = "this API key or session was revoked, signed out or has expired while the request was served"
                 await _refusal(scope["path"], 401, text, {"WWW-Authenticate": "Bearer"})(scope, receive, send)
             elif not answer["ended"]:
                 await send({"type": "http.response.body", "body": b"", "more_body": False})  # the stream ends here

@@ -5,7 +5,8 @@ row is refused (500, naming it) rather than let through, and tests/unit/test_acc
 walks the app's routes so that a new route without a row fails there first. `read` reads;
 `train` starts, stops, deletes, exports, evaluates and inspects; `chat` asks the served
 models; `files` is /v1/files; `admin` is users, the audit log, /metrics and webhooks.
-/health needs no key at all (OPEN_PATHS; the page's sign-in will join it).
+/health (OPEN_PATHS) and the page's sign-in (OPEN_ROUTES) need no key at all. A session
+(the page's cookie) holds every scope its user has: an admin's include `admin`.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from typing import Optional
 
 # Paths answered without a key (no row needed).
 OPEN_PATHS: frozenset[str] = frozenset({"/health"})
+# Routes (method, path) answered without a key or a session: signing in, which makes one.
+OPEN_ROUTES: frozenset[tuple[str, str]] = frozenset({("POST", "/auth/session")})
 
 ROUTE_SCOPES: dict[tuple[str, str], str] = {
     ("POST", "/train/start"): "train",
@@ -72,6 +75,8 @@ ROUTE_SCOPES: dict[tuple[str, str], str] = {
     # Accounts (api/routes/auth.py). A key manages its user's keys with `read`; a new key's
     # scopes are at most its maker's.
     ("GET", "/auth/me"): "read",
+    # Signing out (the page's session; POST /auth/session, signing in, is open).
+    ("DELETE", "/auth/session"): "read",
     ("POST", "/auth/keys"): "read",
     ("GET", "/auth/keys"): "read",
     ("DELETE", "/auth/keys/{key_id}"): "read",

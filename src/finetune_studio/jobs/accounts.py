@@ -1,11 +1,14 @@
-"""Accounts: users, their API keys and the audit log, in the job store's SQLite file (migration 7).
+"""Accounts: users, their API keys, the page's sessions and the audit log, in the job store's
+SQLite file (migrations 8 and 9).
 
 Off by default (`accounts` in docs/SETTINGS.md): a single-user server never reads these
-tables. With accounts on, every request names a key (`Authorization: Bearer fts-...`); the
-key is never stored, only its HMAC-SHA256 under the server's secret (`DataDir.secret`, a
-file of mode 0600 made at the first use), so a copy of the database alone opens nothing.
-Passwords (for the page's sign-in) are argon2id hashes (argon2-cffi). The audit table is
-append-only: triggers refuse every UPDATE and DELETE of it.
+tables. With accounts on, every request names a key (`Authorization: Bearer fts-...`) or a
+session (the page's cookie, made by signing in with a name and password); neither is ever
+stored, only its HMAC-SHA256 under the server's secret (`DataDir.secret`, a file of mode
+0600 made at the first use), so a copy of the database alone opens nothing. A session's
+CSRF token is derived from it (another HMAC), so it is stored nowhere either. Passwords
+are argon2id hashes (argon2-cffi). The audit table is append-only: triggers refuse every
+UPDATE and DELETE of it.
 
 Every job and file row has an `owner` (a user's name); a row made before accounts were
 turned on has none, and belongs to the admins (`Principal.sees`).
@@ -46,6 +49,10 @@ SHOWN_PREFIX = len(KEY_PREFIX) + 8
 SECRET_BYTES = 32
 # A key's `last_used_at` is written at most this often (a write per request would cost every poll).
 LAST_USED_EVERY_SECONDS = 60.0
+# secrets.token_urlsafe's argument: bytes of randomness in a session's cookie (at least 32, as a key's).
+SESSION_BYTES = 32
+# How long a sign-in lasts: then the page asks for the password again.
+SESSION_SECONDS = 12 * 3600.0
 USER_NAME = re.compile(r"[a-z0-9][a-z0-9_.-]{0,63}")
 # The name objects from before accounts (owner NULL) and FINETUNE_STUDIO_TOKEN's requests act
 # under when no admin has been made yet.
@@ -90,6 +97,20 @@ CREATE INDEX files_owner_seq ON files (owner, seq);
 """
 
 
+# 9: the page's sessions (a sign-in with a password). `id` is a handle for the server's own
+# bookkeeping, never the cookie's value, of which only the HMAC (`digest`) is kept.
+SESSIONS_MIGRATION = """
+CREATE TABLE sessions (
+    id          TEXT PRIMARY KEY,
+    digest      TEXT NOT NULL UNIQUE,
+    user_name   TEXT NOT NULL REFERENCES users (name) ON DELETE CASCADE,
+    created_at  REAL NOT NULL,
+    expires_at  REAL NOT NULL
+);
+CREATE INDEX sessions_user ON sessions (user_name);
+"""
+
+
 class AccountNotFound(StudioError):
     status_code = 404
 
@@ -105,8 +126,14 @@ class Principal:
     name: str
     admin: bool
     scopes: frozenset[str]
-    key_id: Optional[str] = None  # None: FINETUNE_STUDIO_TOKEN (or a session, later)
+    key_id: Optional[str] = None  # None: FINETUNE_STUDIO_TOKEN, or a session
     expires_at: Optional[float] = None
+    session_id: Optional[str] = None  # the page's session (SessionRecord.id), signed in with a password
+
+    @property
+    def credential(self) -> Optional[str]:
+        """The key's or the session's id, whose revocation or end closes what this principal has open."""
+        return self.key_id or self.session_id
 
     def sees(self, owner: Optional[str]) -> bool:
         """Whether this principal may see and act on an object of `owner` (None: made before accounts, the admins')."""
@@ -172,6 +199,19 @@ class KeyRecord:
             "id": self.id, "user": self.user, "name": self.name, "prefix": self.prefix, "scopes": list(self.scopes),
             "created_at": self.created_at, "expires_at": self.expires_at, "last_used_at": self.last_used_at,
         }
+
+
+@dataclass(frozen=True)
+class SessionRecord:
+    id: str
+    user: str
+    created_at: float
+    expires_at: float
+
+
+def user_scopes(admin: bool) -> frozenset[str]:
+    """Every scope a user has (a session's): an admin's include `admin`."""
+    return frozenset(SCOPES if admin else (scope for scope in SCOPES if scope != "admin"))
 
 
 def server_secret(path: Path) -> bytes:
@@ -247,10 +287,11 @@ class AccountTable:
         return User(name, admin, now)
 
     def remove_user(self, name: str) -> None:
-        """Remove a user and their keys (their jobs and files stay, seen by the admins)."""
+        """Remove a user, their keys and their sessions (their jobs and files stay, seen by the admins)."""
         with self._health.writing(), self._db:
             self._db.execute("BEGIN IMMEDIATE")
             self._db.execute("DELETE FROM api_keys WHERE user_name = ?", (name,))
+            self._db.execute("DELETE FROM sessions WHERE user_name = ?", (name,))
             if self._db.execute("DELETE FROM users WHERE name = ? RETURNING name", (name,)).fetchone() is None:
                 raise AccountNotFound(f"no user {name!r}: GET /auth/users (or `finetune-studio users list`) lists them")
 
@@ -267,18 +308,21 @@ class AccountTable:
         row = self._db.execute("SELECT name FROM users WHERE is_admin = 1 ORDER BY seq LIMIT 1").fetchone()
         return str(row[0]) if row is not None else FALLBACK_ADMIN
 
-    def check_password(self, name: str, password: str) -> Optional[User]:
-        """The user when `password` is theirs, else None (an unknown name costs a hash too)."""
+    def password_hash(self, name: str) -> Optional[str]:
+        """The argon2id hash of `name`'s password, None for an unknown user or one without a password."""
         row = self._db.execute("SELECT password_hash FROM users WHERE name = ?", (name,)).fetchone()
-        stored = row[0] if row is not None and row[0] else None
+        return str(row[0]) if row is not None and row[0] else None
+
+    def verify_password(self, stored: Optional[str], password: str) -> bool:
+        """Whether `password` matches `stored` (from password_hash); None costs a hash too, so that
+        unknown names take a wrong password's time. Reads no table: it may run in another thread."""
         try:
             if stored is None:
-                self._hasher.hash(password)  # the same time as a wrong password: names are not told apart
-                return None
-            self._hasher.verify(stored, password)
+                self._hasher.hash(password)
+                return False
+            return bool(self._hasher.verify(stored, password))
         except (VerificationError, InvalidHashError):
-            return None
-        return self.user(name)
+            return False
 
     # -- keys ---------------------------------------------------------------
 
@@ -342,6 +386,51 @@ class AccountTable:
         self._touched[key_id] = now
         with self._health.writing():
             self._db.execute("UPDATE api_keys SET last_used_at = ? WHERE id = ?", (now, key_id))
+
+    # -- sessions (the page's sign-in) ---------------------------------------
+
+    def create_session(self, user: str) -> tuple[SessionRecord, str]:
+        """A new session for `user`: its record and the cookie's value (never stored; only its HMAC is).
+        Sessions past their expiry are dropped here, so the table holds live ones only."""
+        value = secrets.token_urlsafe(SESSION_BYTES)
+        now = time.time()
+        record = SessionRecord("ses_" + secrets.token_hex(8), user, now, now + SESSION_SECONDS)
+        with self._health.writing(), self._db:
+            self._db.execute("BEGIN IMMEDIATE")
+            self._db.execute("DELETE FROM sessions WHERE expires_at <= ?", (now,))
+            self._db.execute(
+                "INSERT INTO sessions (id, digest, user_name, created_at, expires_at) VALUES (?, ?, ?, ?, ?)",
+                (record.id, self.digest(value), user, record.created_at, record.expires_at),
+            )
+        return record, value
+
+    def session(self, value: str) -> Optional[tuple[SessionRecord, bool]]:
+        """The live session a cookie's value names and whether its user is an admin (one HMAC and
+        one indexed read), or None (an unknown or expired one: an expired row is dropped)."""
+        row = self._db.execute(
+            "SELECT sessions.*, users.is_admin FROM sessions JOIN users ON users.name = sessions.user_name"
+            " WHERE digest = ?",
+            (self.digest(value),),
+        ).fetchone()
+        if row is None:
+            return None
+        record = SessionRecord(row["id"], row["user_name"], row["created_at"], row["expires_at"])
+        if time.time() >= record.expires_at:
+            self.end_session(record.id)
+            return None
+        return record, bool(row["is_admin"])
+
+    def end_session(self, session_id: str) -> None:
+        with self._health.writing():
+            self._db.execute("DELETE FROM sessions WHERE id = ?", (session_id,))
+
+    def sessions_of(self, user: str) -> list[str]:
+        """The ids of `user`'s sessions."""
+        return [str(row[0]) for row in self._db.execute("SELECT id FROM sessions WHERE user_name = ?", (user,))]
+
+    def csrf_token(self, value: str) -> str:
+        """The CSRF token of the session whose cookie holds `value`: derived, so stored nowhere."""
+        return hmac.new(self._secret, b"csrf\0" + value.encode(), hashlib.sha256).hexdigest()
 
     # -- audit --------------------------------------------------------------
 

@@ -23,7 +23,7 @@ from typing import Any, Optional
 from finetune_studio.errors import InvalidTransition, JobNotFinished, JobNotFound, StorageFailed
 from finetune_studio.failures import StorageHealth
 from finetune_studio.jobs.accounts import MIGRATION as ACCOUNTS_MIGRATION
-from finetune_studio.jobs.accounts import AccountTable, acting_owner, sees
+from finetune_studio.jobs.accounts import SESSIONS_MIGRATION, AccountTable, acting_owner, sees
 from finetune_studio.jobs.phases import KINDS, PROGRESS_PHASES, TERMINAL, allowed_from
 from finetune_studio.jobs.sweeps import MIGRATION as SWEEPS_MIGRATION
 from finetune_studio.jobs.sweeps import SweepTable
@@ -115,6 +115,8 @@ MIGRATIONS: tuple[str, ...] = (
     SWEEPS_MIGRATION,
     # 8: accounts (jobs/accounts.py): users, API keys, the audit log; every job's and file's owner
     ACCOUNTS_MIGRATION,
+    # 9: the page's sessions (jobs/accounts.py): a sign-in with a password, kept as an HMAC
+    SESSIONS_MIGRATION,
 )
 
 

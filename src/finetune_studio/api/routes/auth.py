@@ -1,22 +1,36 @@
-"""/auth: the caller, API keys, users and the audit log (with accounts on only; docs/API.md, Accounts).
+"""/auth: the page's sign-in, the caller, API keys, users and the audit log (with accounts on
+only; docs/API.md, Accounts).
 
-A key is shown once, in POST /auth/keys' answer; lists show its prefix. A user sees and
-revokes their own keys (another user's key is the 404 of an unknown id); admins see all,
-manage users and read the audit log. The scope of each route is in api/scopes.py.
+POST /auth/session (open: it needs no key) checks a name and password and sets the session
+cookie (api/accounts.py SESSION_COOKIE: HttpOnly, SameSite=Strict, Path=/, Secure over https),
+answering the session's CSRF token, which the page keeps in memory and sends with every
+write; DELETE /auth/session signs out. A key is shown once, in POST /auth/keys' answer;
+lists show its prefix. A user sees and revokes their own keys (another user's key is the 404
+of an unknown id); admins see all, manage users and read the audit log. The scope of each
+route is in api/scopes.py.
 """
 
 from __future__ import annotations
 
+import asyncio
 from typing import Annotated, Any, Optional
 
 from fastapi import APIRouter, Query, Request, status
-from fastapi.responses import Response
+from fastapi.responses import JSONResponse, Response
 
-from finetune_studio.api.accounts import Accounts, Forbidden
+from finetune_studio.api.accounts import SESSION_COOKIE, Accounts, Forbidden
 from finetune_studio.api.deps import ParamInt
 from finetune_studio.bounds import MAX_PAGE_ITEMS
-from finetune_studio.jobs.accounts import ACTING, AccountNotFound, Principal
-from finetune_studio.schemas import KeyCreate, UserCreate
+from finetune_studio.jobs.accounts import (
+    ACTING,
+    SESSION_SECONDS,
+    AccountNotFound,
+    AccountRefused,
+    Principal,
+    SessionRecord,
+    user_scopes,
+)
+from finetune_studio.schemas import KeyCreate, SessionCreate, UserCreate
 
 router = APIRouter(prefix="/auth", tags=["auth"])
 
@@ -35,11 +49,79 @@ def _address(request: Request) -> Optional[str]:
     return request.client.host if request.client else None
 
 
+# Why a sign-in is refused: the same words for an unknown name and a wrong password (a message, not a password).
+WRONG_PASSWORD = "wrong name or password"  # noqa: S105
+
+
+@router.post("/session")
+async def sign_in(body: SessionCreate, request: Request) -> JSONResponse:
+    """Sign in with a name and password: the session cookie is set, and the answer holds its
+    csrf_token (for X-CSRF-Token on every write). Failures count towards the address's and the
+    account's limits (429 with Retry-After) and are audited; neither the password nor the
+    session is ever written in clear."""
+    accounts = _accounts(request)
+    address = _address(request) or "unknown"
+    # Only an existing user's name is counted and audited: a password typed as the name is never kept.
+    account = body.name if accounts.table.user(body.name) is not None else None
+    wait = accounts.blocked(address, account)
+    if wait is not None:
+        message = f"too many failed sign-ins from {address} or for this account: try again in {wait} s"
+        return JSONResponse({"detail": message}, status_code=429, headers={"Retry-After": str(wait)})
+    stored = accounts.table.password_hash(body.name)
+    # argon2id costs tens of milliseconds of CPU: off the event loop, which serves every poll.
+    if not await asyncio.to_thread(accounts.table.verify_password, stored, body.password):
+        accounts.failed(address, WRONG_PASSWORD, account, action="signin_failed")
+        return JSONResponse({"detail": f"{WRONG_PASSWORD}: the sign-in was refused"}, status_code=401)
+    user = accounts.table.user(body.name)
+    if user is None:  # removed while its password was checked
+        return JSONResponse({"detail": f"{WRONG_PASSWORD}: the sign-in was refused"}, status_code=401)
+    record, value = accounts.table.create_session(user.name)
+    accounts.table.audit(user.name, "signed_in", record.id, address)
+    response = JSONResponse(_session_answer(user.name, user.admin, record, accounts.table.csrf_token(value)))
+    response.set_cookie(
+        SESSION_COOKIE, value, max_age=int(SESSION_SECONDS), path="/", secure=request.url.scheme == "https",
+        httponly=True, samesite="strict",
+    )
+    return response
+
+
+def _session_answer(name: str, admin: bool, record: SessionRecord, csrf: str) -> dict[str, Any]:
+    return {
+        "name": name, "admin": admin, "scopes": sorted(user_scopes(admin)), "key_id": None, "session": True,
+        "csrf_token": csrf, "expires_at": record.expires_at,
+    }
+
+
+@router.delete("/session", status_code=status.HTTP_204_NO_CONTENT)
+async def sign_out(request: Request) -> Response:
+    """Sign out: the session ends (its cookie's next request is a 401, its open streams close) and the cookie goes."""
+    caller, accounts = _caller(), _accounts(request)
+    if caller.session_id is None:
+        raise AccountRefused(
+            "DELETE /auth/session signs the page's session out, and this request was made with an API key"
+            " (DELETE /auth/keys/{key_id} revokes a key)"
+        )
+    accounts.end_session(caller.session_id, spare=asyncio.current_task())
+    accounts.table.audit(caller.name, "signed_out", caller.session_id, _address(request))
+    response = Response(status_code=status.HTTP_204_NO_CONTENT)
+    response.delete_cookie(SESSION_COOKIE, path="/", secure=request.url.scheme == "https", httponly=True, samesite="strict")
+    return response
+
+
 @router.get("/me")
-async def me() -> dict[str, Any]:
-    """Who the key acts as: the user's name, whether an admin, the key's scopes."""
+async def me(request: Request) -> dict[str, Any]:
+    """Who the request acts as: the user's name, whether an admin, the scopes, and the key's id;
+    signed in on the page, the session's csrf_token and expiry too."""
     caller = _caller()
-    return {"name": caller.name, "admin": caller.admin, "scopes": sorted(caller.scopes), "key_id": caller.key_id}
+    answer: dict[str, Any] = {
+        "name": caller.name, "admin": caller.admin, "scopes": sorted(caller.scopes), "key_id": caller.key_id,
+        "session": caller.session_id is not None,
+    }
+    value = request.cookies.get(SESSION_COOKIE)
+    if caller.session_id is not None and value:
+        answer["csrf_token"] = _accounts(request).table.csrf_token(value)
+        answer["expires_at"] = caller.expires_at
+    return answer
 
 
 @router.post("/keys", status_code=status.HTTP_201_CREATED)
@@ -100,11 +182,10 @@ async def list_users(request: Request) -> dict[str, Any]:
 
 @router.delete("/users/{name}", status_code=status.HTTP_204_NO_CONTENT)
 async def remove_user(name: str, request: Request) -> Response:
-    """Remove a user and revoke their keys (their jobs and files stay, seen by admins)."""
+    """Remove a user: their keys are revoked and their sessions end, with their open streams
+    (their jobs and files stay, seen by admins)."""
     accounts = _accounts(request)
-    for key in accounts.table.keys(name):
-        accounts.revoke(key.id)
-    accounts.table.remove_user(name)
+    accounts.remove_user(name)
     accounts.table.audit(_caller().name, "user_removed", name, _address(request))
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
