@@ -77,12 +77,15 @@ class Observer(Recorder):
     def __init__(self, monkeypatch: pytest.MonkeyPatch, **options: Any) -> None:
         super().__init__(**options)
         self.passes: list[list[int]] = [[]]  # per step: the rows of each batched forward pass
+        self.prefills: list[list[int]] = [[]]  # per step: the rows of each batched prefill (more than one column)
         self.seen: list[list[list[str]]] = []  # per step: the batches after it
         self.running: list[int] = []
         original = LoadedModel.forward_rows
 
         def counting(model: LoadedModel, input_ids: torch.Tensor, *args: Any) -> torch.Tensor:
             self.passes[-1].append(int(input_ids.shape[0]))
+            if input_ids.shape[1] > 1:
+                self.prefills[-1].append(int(input_ids.shape[0]))
             return original(model, input_ids, *args)
 
         monkeypatch.setattr(LoadedModel, "forward_rows", counting)
@@ -92,6 +95,7 @@ class Observer(Recorder):
         self.seen.append(self.engine.batches())
         self.running.append(self.engine.running)
         self.passes.append([])
+        self.prefills.append([])
 
     def ids_of(self, request_id: str) -> list[int]:
         """The tokens of an answer that asked for logprobs."""
@@ -178,6 +182,58 @@ def test_a_seeded_sampled_answer_draws_the_same_tokens_alone_and_in_a_batch(
     other = Observer(monkeypatch)
     other.run(command("mine", lively, three_adapters["one"], seed=4321, messages=PROMPTS[1], **sampled))
     assert other.ids_of("mine") != alone.ids_of("mine"), "another seed draws another answer"
+
+
+# -- starting together ------------------------------------------------------------------
+
+
+def test_requests_that_arrive_together_are_prefilled_in_one_pass_and_answer_as_alone(
+    lively: Path, three_adapters: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Prompts of different lengths (the shorter rows left-padded), the base and two LoRA adapters
+    # (peft's mixed rows), and a DoRA adapter's, which prefills in its own pass.
+    cases: dict[str, tuple[Optional[str], int, int]] = {
+        "base": (None, 2, 12), "one": ("one", 1, 10), "two": ("two", 3, 12), "base-short": (None, 1, 1),
+        "dora": ("dora", 0, 8),
+    }
+    expected = {name: reference(lively, adapter_path(three_adapters, adapter), PROMPTS[prompt], tokens)
+                for name, (adapter, prompt, tokens) in cases.items()}
+    observer = Observer(monkeypatch)
+    results = observer.run(*(command(name, lively, adapter_path(three_adapters, adapter), messages=PROMPTS[prompt],
+                                     max_tokens=tokens) for name, (adapter, prompt, tokens) in cases.items()))
+
+    assert {name: answer_of(result) for name, result in results.items()} == expected
+    assert observer.prefills[0] == [4], "the four LoRA-lane prompts in one pass (the DoRA one alone, unbatched)"
+    assert all(not rows for rows in observer.prefills[1:]), "nothing else to prefill"
+    assert observer.seen[0] and sorted(len(batch) for batch in observer.seen[0]) == [1, 3], \
+        "base-short ended at its first token and never joined"
+    assert observer.engine.batches() == []
+
+
+def test_prompt_logprobs_prefilled_together_are_each_prompts_own(
+    lively: Path, three_adapters: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The held-out evaluation's loss pass: echo the prompt's logprobs, no answer (max_tokens 0).
+    texts = ["The river runs to the sea.", "A low-rank adapter trains a few weights of a large model, fast.", "Hi"]
+    observer = Observer(monkeypatch)
+    asked = [command(f"p{i}", lively, three_adapters["one"] if i % 2 else None, messages=[{"role": "user", "content": text}],
+                     max_tokens=0, prompt_logprobs=True, logprobs=True, top_logprobs=2)
+             for i, text in enumerate(texts)]
+    answered = command("answer", lively, messages=PROMPTS[1], max_tokens=6)  # wants no prompt logprobs: prefilled apart
+    results = observer.run(*asked, answered)
+
+    assert sorted(observer.prefills[0]) == [3], "the three loss passes in one pass; the answer's prompt alone"
+    assert observer.seen[0] == [["answer"]], "a request with max_tokens 0 never joins a batch"
+    assert answer_of(results["answer"]) == reference(lively, None, PROMPTS[1], 6)
+    for i in range(len(texts)):
+        (started,) = [m for m in observer.messages if m["type"] == "started" and m["id"] == f"p{i}"]
+        ids = [entry["id"] for entry in started["prompt_logprobs"]]
+        assert len(ids) == results[f"p{i}"]["prompt_tokens"] and results[f"p{i}"]["completion_tokens"] == 0
+        truth = forward_logprobs(lively, three_adapters["one"] if i % 2 else None, ids)
+        assert started["prompt_logprobs"][0]["logprob"] is None
+        for j, entry in enumerate(started["prompt_logprobs"][1:]):
+            assert entry["logprob"] == pytest.approx(float(truth[j, entry["id"]]), abs=1e-4), (i, j)
+            assert [top["id"] for top in entry["top_logprobs"]] == torch.topk(truth[j], 2).indices.tolist()
 
 
 # -- leaving and waiting ----------------------------------------------------------------

@@ -8,10 +8,11 @@ attention mask hides. Each step feeds every row's last token at once, with the
 mask and each row's own position (the tokens it has), so a row computes what it
 would compute alone.
 
-- **Joining.** A request is prefilled alone, in a cache of its own, then joins: the
-  shorter of the two (the batch, or the newcomer) is padded on the left to the
-  other's width and the rows are stacked (one copy of the cache; transformers'
-  cache copies itself on every step anyway).
+- **Joining.** Requests that start in the same step are prefilled together, in a
+  cache of their own, left-padded as a batch is (`Batch.of_rows`; one request alone,
+  one row), then join: the narrower of the two (the batch, or the newcomers) is padded
+  on the left to the other's width and the rows are stacked (one copy of the cache;
+  transformers' cache copies itself on every step anyway).
 - **Leaving.** A row that ends, fails or is cancelled is marked, and `compact()`
   keeps the others (`index_select` on every layer's tensors), cutting the columns
   that have become padding in every row; an empty batch holds no cache at all.
@@ -35,9 +36,10 @@ class BatchedModel(Protocol):
 
     def forward_rows(
         self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor, cache: Any,
-        adapters: list[Optional[str]],
+        adapters: list[Optional[str]], all_positions: bool = False,
     ) -> torch.Tensor:
-        """The float32 logits `[rows, vocab]` of the one new position of each row."""
+        """The float32 logits `[rows, vocab]` of each row's last column (`[rows, columns,
+        vocab]`, every column's, with `all_positions`)."""
         ...
 
 
@@ -45,6 +47,25 @@ def cache_layers(cache: Any) -> list[Any]:
     """The layers of a cache whose keys and values are plain tensors (every layer of a
     batchable model's cache, once it holds tokens)."""
     return [layer for layer in getattr(cache, "layers", []) if isinstance(getattr(layer, "keys", None), torch.Tensor)]
+
+
+def prefill(model: BatchedModel, request_ids: list[str], adapters: list[Optional[str]], prompts: list[list[int]],
+            cache: Any, all_positions: bool = False) -> tuple[Batch, torch.Tensor]:
+    """Prefill `prompts` (one per request, row i through `adapters[i]`) in one forward pass,
+    left-padded into `cache` (empty): the batch of their rows, and the float32 logits of
+    each row's last token `[rows, vocab]` (of every column, `[rows, columns, vocab]`, with
+    `all_positions`: row i's prompt is its last `len(prompts[i])` columns)."""
+    device = model.device
+    width = max(len(prompt) for prompt in prompts)
+    pads = [width - len(prompt) for prompt in prompts]
+    # The padding's ids are any token's (0): the mask hides them, and no row reads their logits.
+    input_ids = torch.tensor([[0] * pad + prompt for prompt, pad in zip(prompts, pads, strict=True)], dtype=torch.long, device=device)
+    columns = torch.arange(width, device=device).view(1, -1)
+    padding = torch.tensor(pads, dtype=torch.long, device=device).view(-1, 1)
+    attention_mask = (columns >= padding).long()
+    position_ids = (columns - padding).clamp(min=0)
+    logits = model.forward_rows(input_ids, position_ids, attention_mask, cache, adapters, all_positions)
+    return Batch.of_rows(model, request_ids, adapters, cache, pads, width), logits
 
 
 def _left_pad(tensor: torch.Tensor, columns: int) -> torch.Tensor:
@@ -74,21 +95,38 @@ class Batch:
         """The requests in the batch (not those that left), row by row."""
         return [request_id for request_id in self.ids if request_id not in self._leaving]
 
+    @classmethod
+    def of_rows(cls, model: BatchedModel, request_ids: list[str], adapters: list[Optional[str]], cache: Any,
+                pads: list[int], width: int) -> Batch:
+        """The rows of a prefill: `cache` holds one row per request, `width` columns, row i's
+        first `pads[i]` of them padding."""
+        batch = cls(model)
+        batch.ids, batch.adapters, batch.pads, batch.width, batch.cache = list(request_ids), list(adapters), list(pads), width, cache
+        return batch
+
     def join(self, request_id: str, adapter: Optional[str], cache: Any, tokens: int) -> None:
-        """Add a prefilled request: `cache` holds its `tokens` tokens (one row)."""
+        """Add one prefilled request: `cache` holds its `tokens` tokens (one row)."""
+        self.merge(Batch.of_rows(self.model, [request_id], [adapter], cache, [0], tokens))
+
+    def merge(self, other: Batch) -> None:
+        """Add the rows of `other` (which is left empty) after this batch's own."""
         self.compact()
+        other.compact()
+        if not other.ids:
+            return
         if self.cache is None:
-            self.cache, self.width, self.pads = cache, tokens, [0]
+            self.cache, self.width, self.pads = other.cache, other.width, other.pads
         else:
-            grow = max(0, tokens - self.width)  # the batch's rows get this many more padding columns
-            pad = max(0, self.width - tokens)  # and the newcomer this many
-            for mine, theirs in zip(cache_layers(self.cache), cache_layers(cache), strict=True):
+            grow = max(0, other.width - self.width)  # the batch's rows get this many more padding columns
+            pad = max(0, self.width - other.width)  # and the newcomers this many
+            for mine, theirs in zip(cache_layers(self.cache), cache_layers(other.cache), strict=True):
                 mine.keys = torch.cat([_left_pad(mine.keys, grow), _left_pad(theirs.keys, pad)], dim=0)
                 mine.values = torch.cat([_left_pad(mine.values, grow), _left_pad(theirs.values, pad)], dim=0)
-            self.pads = [p + grow for p in self.pads] + [pad]
-            self.width = max(self.width, tokens)
-        self.ids.append(request_id)
-        self.adapters.append(adapter)
+            self.pads = [p + grow for p in self.pads] + [p + pad for p in other.pads]
+            self.width = max(self.width, other.width)
+        self.ids.extend(other.ids)
+        self.adapters.extend(other.adapters)
+        other.ids, other.adapters, other.pads, other.width, other.cache = [], [], [], 0, None
 
     def leave(self, request_id: str) -> None:
         """Take a row out of the batch (its memory goes at the next `compact`)."""

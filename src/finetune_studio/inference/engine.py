@@ -19,11 +19,14 @@ in between steps (`handle`). A step does two things:
 2. **Admit.** Waiting requests start, in arrival order, while fewer than
    `max_batch_size` answers run (each one's KV cache is the bulk of its memory) and
    the step's PREFILL_TOKENS_PER_STEP last (at least one starts). A start loads what
-   the request needs (the base, its adapter), reads the prompt (`started`) and
-   prefills it alone, in a cache of its own, which yields the first token; the
-   request then joins its batch, from the next step on. So a new request waits for
-   no answer to finish, only for the step under way, and a long prompt holds the
-   running answers up for one step.
+   the request needs (the base, its adapter) and reads the prompt (`started`); then
+   the prompts that start in the step on one base and lane are prefilled together, in
+   one left-padded forward pass into a cache of their own (batch.py's `prefill`; a
+   request alone, and a llama.cpp model's, by itself), which yields each one's first
+   token; they then join their batch, from the next step on. So a new request waits
+   for no answer to finish, only for the step under way, and a long prompt holds the
+   running answers up for one step. Prompts whose every position's logits are wanted
+   (prompt logprobs) are prefilled apart from those that want the last one's only.
 
 An answer that ends (its end-of-turn token, a stop string, max_tokens), fails or is
 cancelled leaves its batch at once: its row and its cache columns are dropped
@@ -50,7 +53,7 @@ import torch
 
 from finetune_studio import failures
 from finetune_studio.inference import logprobs
-from finetune_studio.inference.batch import Batch, BatchedModel
+from finetune_studio.inference.batch import Batch, BatchedModel, prefill
 from finetune_studio.inference.chat_model import BaseKey, ChatModel
 from finetune_studio.inference.failures import RequestFailed
 from finetune_studio.inference.pool import ModelPool
@@ -383,20 +386,40 @@ class Engine:
     # -- starting -----------------------------------------------------------------
 
     def _admit(self) -> None:
-        """Start waiting requests, in order, while there is room (see the module's docstring)."""
+        """Start waiting requests, in order, while there is room (see the module's docstring):
+        those of one base and lane prefill together, one forward pass for all of them."""
         budget = PREFILL_TOKENS_PER_STEP
-        running = self.running
+        room = self.max_batch_size - self.running
+        groups: dict[tuple[Any, ...], list[tuple[Request, list[int]]]] = {}
         for request in [r for r in self._requests.values() if r.run is None]:
-            if budget <= 0 or running >= self.max_batch_size:
-                return
+            if budget <= 0 or room <= 0:
+                break
             try:
-                budget -= self._start(request)
+                prompt = self._prepare(request)
             except Exception as exc:  # noqa: BLE001 - one request's failure must not end the others
                 self._fail(request, _failure(exc))
-            running = self.running  # it runs, or it is over already (failed, or done at its first token)
+                continue
+            budget -= len(prompt)
+            room -= 1
+            run = _running(request)
+            lane = run.entry.batch_lane(run.adapter)
+            # Apart: a model that does not batch, and a prompt whose every position's logits are wanted
+            # with one that wants the last only (those logits are the bulk of a long prompt's memory).
+            key = (request.id,) if lane is None else (run.entry.key, lane, request.params.prompt_logprobs)
+            groups.setdefault(key, []).append((request, prompt))
+        for group in groups.values():
+            try:
+                if len(group) == 1:
+                    self._prefill_alone(*group[0])
+                else:
+                    self._prefill_together(group)
+            except Exception as exc:  # noqa: BLE001 - the prefill's requests fail, the others go on
+                failure = _failure(exc)
+                for request, _ in group:
+                    self._fail(request, failure)
 
-    def _start(self, request: Request) -> int:
-        """Load, read the prompt, prefill it, choose the first token, join the batch; the prompt's tokens."""
+    def _prepare(self, request: Request) -> list[int]:
+        """Load what the request needs, read its prompt (`started`), make its run; the prompt's tokens."""
         entry = request.entry = self.pool.acquire(request.base)
         if request.adapter_folder is not None:
             request.adapter = entry.use_adapter(request.adapter_folder)
@@ -404,10 +427,9 @@ class Engine:
         params = request.params
         max_tokens = self._max_tokens(len(prompt), params.max_tokens, entry.context_length,
                                       "messages" if request.messages is not None else "prompt")
-        started: dict[str, Any] = {"type": "started", "id": request.id, "prompt_tokens": len(prompt)}
-        if not params.prompt_logprobs:
-            self._emit(started)  # at once; with prompt logprobs, once the prefill has them
-        run = request.run = Running(
+        if not params.prompt_logprobs:  # at once; with prompt logprobs, once the prefill has them
+            self._emit({"type": "started", "id": request.id, "prompt_tokens": len(prompt)})
+        request.run = Running(
             entry=entry,
             adapter=request.adapter,
             generator=make_generator(entry.device, params.seed),
@@ -415,27 +437,83 @@ class Engine:
             prompt_tokens=len(prompt),
             max_tokens=max_tokens,
         )
-        cache = entry.new_cache(len(prompt) + max_tokens)
-        logits = entry.forward(prompt, cache, 0, run.adapter, all_positions=params.prompt_logprobs)
-        if params.prompt_logprobs:
-            started["prompt_logprobs"] = logprobs.prompt_entries(logits, prompt, params.top_logprobs, entry.token_bytes)
-            self._emit(started)
+        return prompt
+
+    def _prefilled(self, request: Request, prompt: list[int], logits: torch.Tensor) -> Optional[torch.Tensor]:
+        """Say what a prefill's `logits` (the last position's, or every position's with prompt
+        logprobs) give the request before its first token: the last position's logits, or
+        None when the request is over (its prompt's logprobs were all it asked for)."""
+        run = _running(request)
+        if request.params.prompt_logprobs:
+            self._emit({"type": "started", "id": request.id, "prompt_tokens": len(prompt), "prompt_logprobs":
+                        logprobs.prompt_entries(logits, prompt, request.params.top_logprobs, run.entry.token_bytes)})
             logits = logits[-1]
-        if max_tokens == 0:  # the prompt's logprobs were all it asked for
+        if run.max_tokens == 0:
             self._finish(request, run, "length")
-            return len(prompt)
+            return None
+        return logits
+
+    def _prefill_alone(self, request: Request, prompt: list[int]) -> None:
+        """Prefill one prompt in a cache of its own, choose the first token, join the batch (if any)."""
+        run = _running(request)
+        entry = run.entry
+        cache = entry.new_cache(len(prompt) + run.max_tokens)
+        last = self._prefilled(request, prompt, entry.forward(prompt, cache, 0, run.adapter,
+                                                              all_positions=request.params.prompt_logprobs))
+        if last is None:
+            return
         lane = entry.batch_lane(run.adapter)
         if lane is None:
             run.cache, run.seen = cache, len(prompt)
-        tokens, described = self._choose([request], [run], logits.view(1, -1))
+        tokens, described = self._choose([request], [run], last.view(1, -1))
         self._accept(request, run, tokens[0], described[0])
         if lane is not None and request.id in self._requests:  # not finished at its first token: it joins its batch
-            batch = self._batches.get((entry.key, lane))
-            if batch is None:
-                batch = self._batches[(entry.key, lane)] = Batch(cast(BatchedModel, entry))
-            batch.join(request.id, run.adapter, cache, len(prompt))
-            run.batch = batch
-        return len(prompt)
+            self._batch(entry, lane).join(request.id, run.adapter, cache, len(prompt))
+            run.batch = self._batches[(entry.key, lane)]
+
+    def _prefill_together(self, group: list[tuple[Request, list[int]]]) -> None:
+        """Prefill the prompts of one base and lane in one left-padded forward pass (batch.py),
+        choose each one's first token, and join the batch with the rows not finished."""
+        requests = [request for request, _ in group]
+        runs = [_running(request) for request in requests]
+        entry = runs[0].entry
+        lane = cast(str, entry.batch_lane(runs[0].adapter))
+        model = cast(BatchedModel, entry)
+        rows, logits = prefill(model, [r.id for r in requests], [run.adapter for run in runs],
+                               [prompt for _, prompt in group], entry.new_cache(0),
+                               all_positions=requests[0].params.prompt_logprobs)
+        going: list[int] = []  # the rows that go on after the prefill
+        last: list[torch.Tensor] = []
+        for row, (request, prompt) in enumerate(group):
+            found = self._prefilled(request, prompt, logits[row, rows.pads[row]:] if logits.dim() == 3 else logits[row])
+            if found is None:
+                rows.leave(request.id)
+            else:
+                going.append(row)
+                last.append(found)
+        if not going:
+            return
+        tokens, described = self._choose([requests[row] for row in going], [runs[row] for row in going], torch.stack(last))
+        for row, token, entry_logprob in zip(going, tokens, described, strict=True):
+            try:
+                self._accept(requests[row], runs[row], token, entry_logprob)
+            except Exception as exc:  # noqa: BLE001 - one request's failure must not end the others
+                self._fail(requests[row], _failure(exc))
+        for row in going:
+            if requests[row].id not in self._requests:  # finished (or failed) at its first token
+                rows.leave(requests[row].id)
+        batch = self._batch(entry, lane)
+        batch.merge(rows)
+        for row in going:
+            if requests[row].id in self._requests:
+                runs[row].batch = batch
+
+    def _batch(self, entry: ChatModel, lane: str) -> Batch:
+        """The decode batch of a base and lane, made if there is none."""
+        batch = self._batches.get((entry.key, lane))
+        if batch is None:
+            batch = self._batches[(entry.key, lane)] = Batch(cast(BatchedModel, entry))
+        return batch
 
     @staticmethod
     def _max_tokens(prompt: int, wanted: Optional[int], context: int, what: str = "messages") -> int:

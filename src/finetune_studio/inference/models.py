@@ -252,13 +252,15 @@ class LoadedModel:
 
     def forward_rows(
         self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor, cache: Any,
-        adapters: list[Optional[str]],
+        adapters: list[Optional[str]], all_positions: bool = False,
     ) -> torch.Tensor:
-        """One decode step of a batch: `input_ids` `[rows, 1]` at `position_ids` on top
+        """One forward pass of a batch: `input_ids` `[rows, columns]` (a decode step's one
+        token per row, or the prompts of a prefill, left-padded) at `position_ids` on top
         of the left-padded `cache` (`attention_mask` hides the padding); row i through
-        `adapters[i]` (None: the base). The float32 logits `[rows, vocab]`."""
+        `adapters[i]` (None: the base). The float32 logits `[rows, vocab]` of the last
+        column (`[rows, columns, vocab]` of every column with `all_positions`)."""
         kwargs: dict[str, Any] = {self._cache_argument: cache, "use_cache": True, "position_ids": position_ids}
-        if self._keeps_logits:
+        if self._keeps_logits and not all_positions:
             kwargs["logits_to_keep"] = 1
         chosen = set(adapters)
         with torch.inference_mode():
@@ -269,7 +271,7 @@ class LoadedModel:
                 self._switch_layers(on=True)  # peft's mixed batch: each row's adapter, "__base__" for none
                 names = [name if name is not None else "__base__" for name in adapters]
                 output = self.model(input_ids=input_ids, attention_mask=attention_mask, adapter_names=names, **kwargs)
-        logits: torch.Tensor = output.logits[:, -1]
+        logits: torch.Tensor = output.logits if all_positions else output.logits[:, -1]
         return logits.to(dtype=torch.float32)
 
     def _can_batch(self) -> bool:
