@@ -110,8 +110,12 @@ def test_another_users_object_is_the_404_of_an_unknown_id_on_every_route(team: T
     job = start(team, "alice", tmp_path, "polite")  # it waits in training: every route finds it live
     wait_for(lambda: phase(team, job) == "training", timeout=20, what="alice's job to train")
     file_id = upload(team, "alice")
-    owned = {"job_id": job, "export_id": job, "eval_id": job, "file_id": file_id}
-    unknown = {"job_id": "0" * 12, "export_id": "0" * 12, "eval_id": "0" * 12, "file_id": "file-" + "0" * 24}
+    hook = team.client.post("/webhooks", json={"url": "http://127.0.0.1:9/hook", "events": ["studio.job.phase"]},
+                            headers=team.of("alice"))
+    assert hook.status_code == 200, hook.text
+    owned = {"job_id": job, "export_id": job, "eval_id": job, "file_id": file_id, "webhook_id": hook.json()["id"]}
+    unknown = {"job_id": "0" * 12, "export_id": "0" * 12, "eval_id": "0" * 12, "file_id": "file-" + "0" * 24,
+               "webhook_id": "wh_" + "0" * 16}
     before = team.client.get(f"/train/jobs/{job}", headers=team.of("alice")).json()
     tried = 0
     for path, methods in team.client.get("/openapi.json", headers=team.admin).json()["paths"].items():
@@ -138,6 +142,8 @@ def test_another_users_object_is_the_404_of_an_unknown_id_on_every_route(team: T
     assert [j["job_id"] for j in team.client.get("/train/jobs", headers=team.of("alice")).json()["data"]] == [job]
     assert team.client.get("/train/jobs", headers=team.of("bob")).json()["count"] == 0
     assert team.client.get("/v1/files", headers=team.of("bob")).json()["data"] == []
+    assert [h["id"] for h in team.client.get("/webhooks", headers=team.of("alice")).json()["data"]] == [owned["webhook_id"]]
+    assert team.client.get("/webhooks", headers=team.of("bob")).json()["data"] == []
     # A list's cursor is no way round it: alice's ids in bob's `after` are as unknown as made-up ones.
     for listing, owned_id, made_up in (("/v1/files", file_id, "file-000000000000000000000000"),
                                        ("/v1/fine_tuning/jobs", job, "000000000000")):
@@ -241,6 +247,38 @@ def test_a_sweep_and_every_trial_it_queues_belong_to_its_maker(team: Team, tmp_p
     assert team.client.get("/sweeps", headers=team.of("bob")).json()["sweeps"] == []
     assert [s["sweep_id"] for s in team.client.get("/sweeps", headers=team.of("alice")).json()["sweeps"]] == [sweep_id]
     assert [s["sweep_id"] for s in team.client.get("/sweeps", headers=team.admin).json()["sweeps"]] == [sweep_id]
+
+
+def test_a_webhook_is_told_of_its_makers_objects_only_and_an_admins_of_everyones(team: Team, tmp_path: Path) -> None:
+    events = ["studio.job.phase", "fine_tuning.job.succeeded"]
+    hooks = {}
+    for who, headers in (("alice", team.of("alice")), ("bob", team.of("bob")), ("admin", team.admin)):
+        made = team.client.post("/webhooks", json={"url": f"http://127.0.0.1:9/{who}", "events": events}, headers=headers)
+        assert made.status_code == 200, made.text
+        hooks[who] = made.json()["id"]
+    # A read key lists them; registering one takes `train`.
+    read = bearer(team.key("alice", ["read"]))
+    assert [h["id"] for h in team.client.get("/webhooks", headers=read).json()["data"]] == [hooks["alice"]]
+    refused = team.client.post("/webhooks", json={"url": "http://127.0.0.1:9/x", "events": events}, headers=read)
+    assert refused.status_code == 403 and "'train' scope" in refused.json()["detail"]
+    assert [h["id"] for h in team.client.get("/webhooks", headers=team.admin).json()["data"]] == list(hooks.values())
+
+    job = start(team, "alice", tmp_path)
+    wait_for(lambda: phase(team, job) == "completed", timeout=30, what="alice's job to complete")
+
+    def told(who: str) -> set[tuple[str, str]]:
+        deliveries = team.client.get(f"/webhooks/{hooks[who]}/deliveries", params={"limit": 100}, headers=team.admin).json()["data"]
+        return {(d["event_type"], d["payload"]["data"]["id"]) for d in deliveries}
+
+    assert ("fine_tuning.job.succeeded", job) in told("alice")
+    assert ("fine_tuning.job.succeeded", job) in told("admin")
+    assert told("bob") == set(), "bob's webhook hears nothing of alice's job"
+    # Bob's own job is his webhook's (and the admin's), never alice's.
+    bobs = start(team, "bob", tmp_path)
+    wait_for(lambda: phase(team, bobs) == "completed", timeout=30, what="bob's job to complete")
+    assert {job_id for _, job_id in told("bob")} == {bobs}
+    assert bobs not in {job_id for _, job_id in told("alice")}
+    assert {job, bobs} <= {job_id for _, job_id in told("admin")}
 
 
 def test_fair_queue_a_queues_three_then_b_one_b_runs_second(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

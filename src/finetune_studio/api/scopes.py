@@ -4,7 +4,7 @@ Every API route (method and path as the router declares it) has a row; a route w
 row is refused (500, naming it) rather than let through, and tests/unit/test_accounts.py
 walks the app's routes so that a new route without a row fails there first. `read` reads;
 `train` starts, stops, deletes, exports, evaluates and inspects; `chat` asks the served
-models; `files` is /v1/files; `admin` is users, the audit log, /metrics and webhooks.
+models; `files` is /v1/files; `admin` is users, the audit log, /metrics and others' webhooks.
 /health (OPEN_PATHS) and the page's sign-in (OPEN_ROUTES) need no key at all. A session
 (the page's cookie) holds every scope its user has: an admin's include `admin`.
 """
@@ -59,13 +59,13 @@ ROUTE_SCOPES: dict[tuple[str, str], str] = {
     ("GET", "/eval/jobs"): "read",
     ("GET", "/eval/results/{eval_id}"): "read",
     ("GET", "/eval/results/{eval_id}/samples"): "read",
-    # Webhooks have no owner yet: with accounts on they are the admins'.
-    ("POST", "/webhooks"): "admin",
-    ("GET", "/webhooks"): "admin",
-    ("GET", "/webhook-events"): "admin",
-    ("DELETE", "/webhooks/{webhook_id}"): "admin",
-    ("GET", "/webhooks/{webhook_id}/deliveries"): "admin",
-    ("POST", "/webhooks/{webhook_id}/test"): "admin",
+    # A webhook is its maker's (jobs/webhooks.py): it is told of its maker's objects; an admin's, of everyone's.
+    ("POST", "/webhooks"): "train",
+    ("GET", "/webhooks"): "read",
+    ("GET", "/webhook-events"): "read",
+    ("DELETE", "/webhooks/{webhook_id}"): "train",
+    ("GET", "/webhooks/{webhook_id}/deliveries"): "read",
+    ("POST", "/webhooks/{webhook_id}/test"): "train",
     ("POST", "/sweeps"): "train",
     ("GET", "/sweeps"): "read",
     ("GET", "/sweeps/{sweep_id}"): "read",

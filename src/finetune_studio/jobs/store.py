@@ -28,6 +28,7 @@ from finetune_studio.jobs.phases import KINDS, PROGRESS_PHASES, TERMINAL, allowe
 from finetune_studio.jobs.sweeps import MIGRATION as SWEEPS_MIGRATION
 from finetune_studio.jobs.sweeps import SweepTable
 from finetune_studio.jobs.webhooks import MIGRATION as WEBHOOKS_MIGRATION
+from finetune_studio.jobs.webhooks import OWNER_MIGRATION as WEBHOOKS_OWNER_MIGRATION
 from finetune_studio.jobs.webhooks import WebhookTable
 from finetune_studio.text import clean
 
@@ -117,6 +118,8 @@ MIGRATIONS: tuple[str, ...] = (
     ACCOUNTS_MIGRATION,
     # 9: the page's sessions (jobs/accounts.py): a sign-in with a password, kept as an HMAC
     SESSIONS_MIGRATION,
+    # 10: a webhook's owner (jobs/webhooks.py)
+    WEBHOOKS_OWNER_MIGRATION,
 )
 
 
@@ -241,7 +244,7 @@ class JobStore:
                 "INSERT INTO events (job_id, id, kind, data, created_at) VALUES (?, 1, 'status', ?, ?)",
                 (job_id, data, now),
             )
-            queued = self.webhooks.enqueue(kind, job_id, status, now)
+            queued = self.webhooks.enqueue(kind, job_id, status, now, owner)
         if queued:
             self.webhooks.queued()
         return StoredEvent(job_id, 1, "status", data)
@@ -286,7 +289,7 @@ class JobStore:
                 "INSERT INTO events (job_id, id, kind, data, created_at) VALUES (?, ?, 'status', ?, ?)",
                 (job_id, event_id, data, now),
             )
-            queued = self.webhooks.enqueue(kind, job_id, status, now)
+            queued = self.webhooks.enqueue(kind, job_id, status, now, self.owner_of(job_id))
         self._held.pop(job_id, None)
         if queued:
             self.webhooks.queued()

@@ -63,6 +63,14 @@ CREATE INDEX sweep_trials_job ON sweep_trials (job_id);
 """
 # A trial's states: `queued` and `running` while its job has not ended (schemas.TrialState).
 OPEN_TRIAL_STATES = ("queued", "running")
+# Where a sweep's spec keeps its maker (with accounts on): {name, admin}; None in single-user mode.
+OWNER = "owner"
+
+
+def owner_name(spec: dict[str, Any]) -> Optional[str]:
+    """The name of a sweep's maker, from its spec (None: made in single-user mode, the admins')."""
+    owner = spec.get(OWNER)
+    return str(owner["name"]) if isinstance(owner, dict) else None
 
 
 @dataclass(frozen=True)
@@ -73,6 +81,10 @@ class SweepRecord:
     status_json: dict[str, Any]
     spec: dict[str, Any]  # the SweepCreate as admitted (the base request redacted, the space, the objective, ...)
     last_event_id: int
+
+    @property
+    def owner(self) -> Optional[str]:
+        return owner_name(self.spec)
 
 
 @dataclass(frozen=True)
@@ -123,7 +135,7 @@ class SweepTable:
                 (sweep_id, seq, now, now, status["status"], data, _dumps(spec)),
             )
             self._event(sweep_id, 1, "status", data, now)
-            queued = self._webhooks.enqueue("sweep", sweep_id, {"phase": status["status"], "details": {}}, now)
+            queued = self._webhooks.enqueue("sweep", sweep_id, {"phase": status["status"], "details": {}}, now, owner_name(spec))
         if queued:
             self._webhooks.queued()
         return 1, data
@@ -144,7 +156,8 @@ class SweepTable:
                 current = self.get(sweep_id).status
                 raise InvalidTransition(f"sweep {sweep_id} has ended ({current}); it cannot become {status['status']}")
             self._event(sweep_id, row[0], "status", data, now)
-            queued = self._webhooks.enqueue("sweep", sweep_id, {"phase": status["status"], "details": {}}, now)
+            queued = self._webhooks.enqueue("sweep", sweep_id, {"phase": status["status"], "details": {}}, now,
+                                            self.get(sweep_id).owner)
         if queued:
             self._webhooks.queued()
         return int(row[0]), data
@@ -187,7 +200,8 @@ class SweepTable:
             written = self._trial_event(sweep_id, number, event, now, report)
             queued = 0
             if state in ("complete", "pruned", "failed"):
-                queued = self._webhooks.enqueue("sweep_trial", sweep_id, {"phase": state, "details": {}}, now)
+                queued = self._webhooks.enqueue("sweep_trial", sweep_id, {"phase": state, "details": {}}, now,
+                                                self.get(sweep_id).owner)
         if queued:
             self._webhooks.queued()
         return written

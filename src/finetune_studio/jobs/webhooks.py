@@ -7,6 +7,11 @@ a crash loses neither, or both. The server's dispatcher (supervisor/webhooks.py)
 what is due, records each attempt (`record_attempt`) and schedules the next; a delivery
 keeps its id (the `webhook-id` header) through every attempt and every restart.
 
+With accounts, a registration belongs to the user who made it (migration 10): its owner
+sees and manages it (another user's is a 404, as an unknown id), and it is sent the events
+of that owner's objects only. It sees what its maker sees: an admin's registration (its
+`owner` None), and one made before accounts, is sent the events of every object.
+
 Plain Python (the standard library); used from the server's event loop thread only.
 """
 
@@ -23,6 +28,7 @@ from typing import Any, Optional
 
 from finetune_studio.errors import WebhookNotFound
 from finetune_studio.failures import StorageHealth
+from finetune_studio.jobs.accounts import seen_owner, sees
 from finetune_studio.jobs.phases import TERMINAL, openai_end
 
 
@@ -98,6 +104,12 @@ CREATE TABLE webhook_attempts (
 ) WITHOUT ROWID;
 """
 
+# 10: a registration's owner: whose objects it is told of (None: everyone's; made by an admin, before
+# accounts, or in single-user mode).
+OWNER_MIGRATION = """
+ALTER TABLE webhooks ADD COLUMN owner TEXT;
+"""
+
 
 def new_secret() -> str:
     """A signing secret as Standard Webhooks writes one: `whsec_` and 24 random bytes in base64."""
@@ -112,6 +124,7 @@ class WebhookRecord:
     events: list[str]
     disabled_at: Optional[float]
     disabled_reason: Optional[str]
+    owner: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -175,24 +188,28 @@ class WebhookTable:
     # -- registrations ------------------------------------------------------
 
     def add(self, url: str, secret: str, events: list[str]) -> WebhookRecord:
+        """A registration, owned by the current request's user (jobs/accounts.py): told of what they see."""
         webhook_id = "wh_" + secrets.token_hex(8)
         now = time.time()
+        owner = seen_owner()
         with self.health.writing(), self._db:
             self._db.execute("BEGIN IMMEDIATE")
             seq = self._db.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM webhooks").fetchone()[0]
             self._db.execute(
-                "INSERT INTO webhooks (id, seq, created_at, url, secret, events_json) VALUES (?, ?, ?, ?, ?, ?)",
-                (webhook_id, seq, now, url, secret, json.dumps(events)),
+                "INSERT INTO webhooks (id, seq, created_at, url, secret, events_json, owner) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (webhook_id, seq, now, url, secret, json.dumps(events), owner),
             )
-        return WebhookRecord(webhook_id, now, url, events, None, None)
+        return WebhookRecord(webhook_id, now, url, events, None, None, owner)
 
     def all(self) -> list[WebhookRecord]:
+        """The registrations the current request's user sees (every one, for an admin)."""
         rows = self._db.execute("SELECT * FROM webhooks ORDER BY seq")
-        return [_webhook(row) for row in rows]
+        return [_webhook(row) for row in rows if sees(row["owner"])]
 
     def get(self, webhook_id: str) -> WebhookRecord:
+        """One registration; another user's is not found, as an unknown id is."""
         row = self._db.execute("SELECT * FROM webhooks WHERE id = ?", (webhook_id,)).fetchone()
-        if row is None:
+        if row is None or not sees(row["owner"]):
             raise WebhookNotFound(webhook_id)
         return _webhook(row)
 
@@ -200,6 +217,7 @@ class WebhookTable:
         """The registration, its deliveries and their attempts, in one transaction."""
         with self.health.writing(), self._db:
             self._db.execute("BEGIN IMMEDIATE")
+            self.get(webhook_id)
             if self._db.execute("DELETE FROM webhooks WHERE id = ? RETURNING id", (webhook_id,)).fetchone() is None:
                 raise WebhookNotFound(webhook_id)
             self._db.execute(
@@ -210,14 +228,18 @@ class WebhookTable:
 
     # -- the outbox ---------------------------------------------------------
 
-    def enqueue(self, kind: str, job_id: str, status: dict[str, Any], now: float) -> int:
+    def enqueue(self, kind: str, job_id: str, status: dict[str, Any], now: float, owner: Optional[str]) -> int:
         """Queue a delivery to every enabled webhook that asked for an event this status
-        sends. Inside the caller's open transaction (no BEGIN, no commit); returns how many."""
+        sends and may see it (`owner`: the object's; see the module's docstring). Inside the
+        caller's open transaction (no BEGIN, no commit); returns how many."""
         phase, details = str(status.get("phase")), status.get("details") or {}
         types = [name for name, event in EVENTS.items() if event.kind == kind and event.sent_by(phase, details)]
         if not types:
             return 0
-        rows = self._db.execute("SELECT id, events_json FROM webhooks WHERE disabled_at IS NULL").fetchall()
+        # The object's owner's registrations get it, and those told of everyone's.
+        rows = self._db.execute(
+            "SELECT id, events_json FROM webhooks WHERE disabled_at IS NULL AND (owner IS NULL OR owner IS ?)", (owner,)
+        ).fetchall()
         queued = 0
         for row in rows:
             wanted = set(json.loads(row[1]))
@@ -357,5 +379,5 @@ class WebhookTable:
 def _webhook(row: sqlite3.Row) -> WebhookRecord:
     return WebhookRecord(
         id=row["id"], created_at=row["created_at"], url=row["url"], events=json.loads(row["events_json"]),
-        disabled_at=row["disabled_at"], disabled_reason=row["disabled_reason"],
+        disabled_at=row["disabled_at"], disabled_reason=row["disabled_reason"], owner=row["owner"],
     )

@@ -38,7 +38,7 @@ from finetune_studio.errors import InvalidTransition, Refused, StorageFailed, Sw
 from finetune_studio.jobs.phases import is_terminal
 from finetune_studio.jobs.service import JobService, new_job_id
 from finetune_studio.jobs.store import StoredEvent
-from finetune_studio.jobs.sweeps import OPEN_TRIAL_STATES, SweepRecord, SweepTable, TrialRecord
+from finetune_studio.jobs.sweeps import OPEN_TRIAL_STATES, OWNER, SweepRecord, SweepTable, TrialRecord
 from finetune_studio.schemas import (
     TRAIN_LOSS_WINDOW,
     TRAINING_OBJECTIVES,
@@ -54,8 +54,6 @@ if TYPE_CHECKING:  # pragma: no cover - types only
 
 log = logging.getLogger("finetune_studio.sweeps")
 
-# Where a sweep's spec keeps its maker (with accounts on): {name, admin}; None in single-user mode.
-OWNER = "owner"
 # Queue one trial: (the training request with the trial's values, the job's `sweep` tag, the sweep's
 # maker {name, admin} or None) -> its job id.
 QueueTrial = Callable[[dict[str, Any], dict[str, Any], Optional[dict[str, Any]]], str]

@@ -33,7 +33,7 @@ from finetune_studio.schemas import (
     TrainingStartRequest,
     suite_names,
 )
-from finetune_studio.supervisor.sweeps import OWNER, SweepManager
+from finetune_studio.supervisor.sweeps import SweepManager
 
 router = APIRouter(prefix="/sweeps", tags=["sweeps"])
 
@@ -73,16 +73,10 @@ def _owner_now() -> Optional[dict[str, Any]]:
     return {"name": principal.name, "admin": principal.admin} if principal is not None else None
 
 
-def _owner_of(sweep: Any) -> Optional[str]:
-    """The name of the sweep's maker (None: made in single-user mode, the admins')."""
-    owner = sweep.spec.get(OWNER)
-    return str(owner["name"]) if isinstance(owner, dict) else None
-
-
 def _seen(sweeps: SweepManager, sweep_id: str) -> Any:
     """The sweep, if the caller may see it; another user's is as unknown as an id never made (404)."""
     sweep = sweeps.table.get(sweep_id)  # SweepNotFound -> 404
-    if not sees(_owner_of(sweep)):
+    if not sees(sweep.owner):
         raise SweepNotFound(sweep_id)
     return sweep
 
@@ -102,7 +96,7 @@ async def list_sweeps(sweeps: ManagerDep, limit: PageLimit = 20) -> SweepList:
     """The newest sweeps first, each with its trials and best trial."""
     if seen_owner() is None:
         return SweepList(sweeps=[sweeps.status(sweep.id) for sweep in sweeps.table.list_sweeps(limit)])
-    own = [sweep for sweep in sweeps.table.list_sweeps(2**31) if sees(_owner_of(sweep))]
+    own = [sweep for sweep in sweeps.table.list_sweeps(2**31) if sees(sweep.owner)]
     return SweepList(sweeps=[sweeps.status(sweep.id) for sweep in own[:limit]])
 
 
