@@ -65,7 +65,13 @@ class Study:
         states = {"complete": optuna.trial.TrialState.COMPLETE, "pruned": optuna.trial.TrialState.PRUNED,
                   "failed": optuna.trial.TrialState.FAIL}
         values = value if state == "complete" else None
-        self.study.tell(number, values, state=states[state], skip_if_finished=True)
+        try:
+            self.study.tell(number, values, state=states[state], skip_if_finished=True)
+        except RuntimeError as exc:
+            # The grid sampler ends a study whose grid is used up with Study.stop(), which refuses
+            # outside optimize() (ask-and-tell) once the trial's end is stored; the sweep counts its trials itself.
+            if "Study.stop" not in str(exc):
+                raise
         self._open.pop(number, None)
 
     def enqueue(self, params: dict[str, Any]) -> None:
