@@ -1,4 +1,5 @@
-// The server's HTTP API: JSON requests that carry the API token, and its error shapes.
+// The server's HTTP API: JSON requests that carry the API token (or, with accounts on, the
+// session cookie and its CSRF token: signin.js), and its error shapes.
 
 /** Where the token is kept in localStorage. */
 export const TOKEN_KEY = "finetune-studio.token";
@@ -25,9 +26,30 @@ export function setToken(token) {
 
 let memoryToken = getToken();
 
+/** The header that carries the session's CSRF token (api/accounts.py CSRF_HEADER). */
+export const CSRF_HEADER = "X-CSRF-Token";
+
+// With accounts on (signin.js finds out): the session's CSRF token, kept in memory only
+// (never in storage), sent with every request so that writes made with the cookie pass.
+let accounts = false;
+let csrfToken = "";
+
+/** Whether the server has accounts (its /auth/me answers 200 or 401, not 404): then a 401 asks for a sign-in. */
+export function accountsOn() {
+  return accounts;
+}
+
+/** Accounts are on; `token` is the signed-in session's CSRF token ("" when signed out, or signed in with a key). */
+export function setSession(token) {
+  accounts = true;
+  csrfToken = token || "";
+}
+
 export function authHeaders() {
   const token = memoryToken || getToken();
-  return token ? { Authorization: `Bearer ${token}` } : {};
+  const headers = token ? { Authorization: `Bearer ${token}` } : {};
+  if (csrfToken) headers[CSRF_HEADER] = csrfToken;
+  return headers;
 }
 
 /** A refused request: `status` is the HTTP status, `body` the parsed answer (or text). */
@@ -79,6 +101,7 @@ export async function api(path, { method = "GET", body, signal } = {}) {
     body: body === undefined || multipart ? body : JSON.stringify(body),
     signal,
     cache: "no-store",
+    credentials: "same-origin", // the session cookie, with accounts on
   });
   if (response.status === 204) return null;
   const text = await response.text();

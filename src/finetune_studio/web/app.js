@@ -12,6 +12,7 @@
 //   form.js      the start form (fields.js: every field of the request; upload.js: data files)
 //   runtools.js  a run's settings, Run again, Resume, Rename, Delete
 //   settings.js  the API token dialog
+//   signin.js    with accounts on: the sign-in form, "signed in as", sign-out; keys.js the key manager
 //   probe.js     window.__studio, for tests and debugging
 //   dom.js       el(tag, props, ...children): the views' one element builder
 //   schedule.js  renders coalesced to one per animation frame (job view, chat, export panel)
@@ -26,10 +27,12 @@ import { StartForm } from "./form.js";
 import { JobsIndex } from "./jobs.js";
 import { renderJobList, showMoreRuns } from "./joblist.js";
 import { JobView } from "./jobview.js";
+import { KeysPanel } from "./keys.js";
 import { exposeProbe } from "./probe.js";
 import { currentRoute, goTo, replaceRoute } from "./route.js";
 import { RunTools } from "./runtools.js";
 import { setUpSettings } from "./settings.js";
+import { setUpAccount } from "./signin.js";
 import { watchDatasetFields } from "./inspect.js";
 import { Uploads } from "./upload.js";
 import { WebhooksPanel } from "./webhooks.js";
@@ -50,6 +53,8 @@ function renderServerState(state) {
 }
 
 async function main() {
+  // With accounts on, nothing of the page is read before signing in (null: a single-user server).
+  const me = await setUpAccount();
   const writer = new HistoryWriter();
   await openHistory();
 
@@ -95,6 +100,7 @@ async function main() {
 
   setUpSettings();
   new WebhooksPanel(document.getElementById("webhooks-panel"));
+  if (me) new KeysPanel(document.getElementById("keys-panel"), me);
   window.addEventListener("studio:token", () => {
     jobs.refresh();
     view.retry();

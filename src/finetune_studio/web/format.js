@@ -1,4 +1,4 @@
-// Words and numbers for people: phase names, durations, metrics, sizes, error codes.
+// Words and numbers for people: phase names, durations, metrics, sizes, error codes, moments.
 
 export const PHASES = ["idle", "loading_model", "loading_dataset", "configuring", "training"];
 export const TERMINAL = new Set(["completed", "error", "stopped"]);
@@ -134,4 +134,9 @@ export function basename(path) {
   const trimmed = String(path).replace(/[\\/]+$/, "");
   const parts = trimmed.split(/[\\/]/);
   return parts[parts.length - 1] || trimmed;
+}
+
+/** A moment the server gives in seconds since the epoch, in the reader's own date and time. */
+export function when(seconds) {
+  return new Date(seconds * 1000).toLocaleString();
 }

@@ -4,7 +4,7 @@
 // rejected"), the prompt that opens when the server answers 401, and the button
 // that clears this browser's metric history.
 
-import { getToken, setToken, TOKEN_KEY } from "./api.js";
+import { accountsOn, getToken, setToken, TOKEN_KEY } from "./api.js";
 import { clearHistory } from "./history.js";
 
 const ASK_FOR_TOKEN =
@@ -104,6 +104,7 @@ export function setUpSettings() {
   });
 
   window.addEventListener("studio:unauthorized", () => {
+    if (accountsOn()) return; // the sign-in form asks (signin.js)
     rejected = true;
     renderTokenState();
     if (!dismissed) open(ASK_FOR_TOKEN);

@@ -6,15 +6,12 @@
 
 import { api, ApiError } from "./api.js";
 import { el } from "./dom.js";
+import { when } from "./format.js";
 import { renderScheduler } from "./schedule.js";
 
 const POLL_MS = 1000;
 const DELIVERIES_SHOWN = 20;
 const STATE_LABELS = { pending: "Pending", delivered: "Delivered", failed: "Failed" };
-
-function when(seconds) {
-  return new Date(seconds * 1000).toLocaleString();
-}
 
 /** The outcome of a delivery's latest attempt, in words. */
 function lastAttempt(delivery) {
