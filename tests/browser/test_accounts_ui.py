@@ -129,5 +129,14 @@ def test_sign_in_train_keys_sign_out_and_another_user_sees_nothing_of_it(studio:
     assert page.evaluate(f"fetch('train/status/{job_id}').then((r) => r.status)") == 404
     panel.locator("summary").click()
     expect(field("key-list")).to_contain_text("No API keys yet", use_inner_text=True)
-    # Alice's run is still hers.
-    assert studio.http.get(f"/train/jobs/{job_id}").status_code == 200
+
+    # Bob is removed: the page's next poll is a 401, and the sign-in form comes back saying why.
+    assert studio.http.delete("/auth/users/bob").status_code == 204
+    expect(page.get_by_test_id("signin-dialog")).to_be_visible(timeout=20 * SECOND)
+    expect(page.get_by_test_id("signin-note")).to_contain_text("session has ended", use_inner_text=True)
+    # Alice signs in there: the page starts again as hers, and her run is still there.
+    page.get_by_test_id("signin-name").fill("alice")
+    page.get_by_test_id("signin-password").fill(PASSWORDS["alice"])
+    page.get_by_test_id("signin-submit").click()
+    expect(page.get_by_test_id("account-name")).to_have_text("alice")
+    expect(page.locator(f"[data-testid=job-item][data-job-id='{job_id}']")).to_be_visible()
