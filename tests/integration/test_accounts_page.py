@@ -19,6 +19,7 @@ import pytest
 
 from finetune_studio.api.accounts import CSRF_HEADER, MAX_FAILURES, SESSION_COOKIE
 from finetune_studio.config import Settings
+from finetune_studio.jobs import accounts as accounts_table
 from finetune_studio.jobs.accounts import SESSION_SECONDS
 from tests.helpers.jobs import job_request
 from tests.helpers.page_studio import ScriptedLauncher
@@ -217,6 +218,16 @@ def test_a_removed_users_cookie_is_401_and_their_open_stream_ends(page: Page) ->
     # The job stays (the admins'), and no session of bob is left.
     assert page.http.get(f"/train/status/{job_id}", headers=page.admin).status_code == 200
     assert page.server.app.state.accounts.table.sessions_of("bob") == []
+
+
+def test_an_expired_session_is_401_and_its_row_is_dropped(page: Page, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(accounts_table, "SESSION_SECONDS", 1.0)
+    alice, _ = page.session("alice")
+    assert page.http.get("/auth/me", headers=alice).status_code == 200
+    wait_for(lambda: page.http.get("/auth/me", headers=alice).status_code == 401, timeout=30,
+             what="alice's session to expire")
+    assert "expired" in page.http.get("/train/jobs", headers=alice).json()["detail"]
+    assert page.server.app.state.accounts.table.sessions_of("alice") == []
 
 
 def test_failed_sign_ins_are_rate_limited_per_address_and_per_account(page: Page) -> None:
