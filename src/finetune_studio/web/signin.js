@@ -10,7 +10,7 @@
 // (the metric history and chats in IndexedDB, run names, the form's memory, a token in
 // localStorage) is one user's: when someone else signs in here, it is deleted first.
 
-import { accountsOn, api, ApiError, authHeaders, getToken, setSession, setToken } from "./api.js";
+import { api, ApiError, authHeaders, getToken, setSession, setToken } from "./api.js";
 import { el } from "./dom.js";
 
 const SIGN_IN_NOTE = "This studio has accounts: sign in with the name and password an admin gave you.";
@@ -39,7 +39,7 @@ async function keepOnlyFor(name) {
   localStorage.setItem(USER_KEY, name);
 }
 
-/** What GET /auth/me says: {mode: "single"} (no accounts, or no answer), {mode: "in", me}, or {mode: "out"}. */
+/** What GET /auth/me says: {mode: "single", sure} (no accounts; not sure: no answer), {mode: "in", me}, or {mode: "out"}. */
 async function whoAmI() {
   let response;
   try {
@@ -47,11 +47,11 @@ async function whoAmI() {
       headers: { Accept: "application/json", ...authHeaders() }, cache: "no-store", credentials: "same-origin",
     });
   } catch {
-    return { mode: "single" }; // no answer: the page's own polling says so; a later 401 asks again
+    return { mode: "single", sure: false }; // no answer: the page's own polling says so; a later 401 asks again
   }
   // 429: too many failures from this address, which only a server with accounts counts.
   if (response.status === 401 || response.status === 429) return { mode: "out" };
-  if (!response.ok) return { mode: "single" }; // 404: the server has no accounts
+  if (!response.ok) return { mode: "single", sure: response.status === 404 }; // 404: the server has no accounts
   return { mode: "in", me: await response.json() };
 }
 
@@ -150,10 +150,14 @@ function showAccount(me) {
 export async function setUpAccount() {
   const found = await whoAmI();
   if (found.mode === "single") {
-    // A 401 later may still say the server has accounts (it was unreachable when the page loaded).
-    window.addEventListener("studio:unauthorized", () => {
-      if (!accountsOn()) whoAmI().then((now) => { if (now.mode === "out") location.reload(); });
-    });
+    // Unreachable when the page loaded: a 401 later may still say the server has accounts.
+    if (!found.sure) {
+      const again = () => whoAmI().then((now) => {
+        if (now.mode !== "single") location.reload(); // accounts after all: the page starts at the sign-in
+        else if (now.sure) window.removeEventListener("studio:unauthorized", again);
+      });
+      window.addEventListener("studio:unauthorized", again);
+    }
     return null;
   }
   const dialog = new SignInDialog();
