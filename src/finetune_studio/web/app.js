@@ -19,6 +19,7 @@
 //   format.js    words and numbers for people (phases, durations, metrics, sizes)
 //   webhooks.js  the webhooks panel: add, test, deliveries, remove
 //   trackers.js  a run's links to its experiment trackers (details.trackers)
+//   sweeps.js    the list of sweeps and a sweep's view: its trials' curves, the objective per parameter
 
 import { ChatView } from "./chat.js";
 import { EvalView } from "./evaluation.js";
@@ -34,6 +35,7 @@ import { RunTools } from "./runtools.js";
 import { setUpSettings } from "./settings.js";
 import { setUpAccount } from "./signin.js";
 import { watchDatasetFields } from "./inspect.js";
+import { SweepList, SweepView } from "./sweeps.js";
 import { Uploads } from "./upload.js";
 import { WebhooksPanel } from "./webhooks.js";
 
@@ -63,33 +65,46 @@ async function main() {
       const route = currentRoute();
       renderJobList(jobs, view.jobId || route.chat);
       // Nothing chosen yet: show the newest run.
-      if (!route.job && !route.chat && !route.evaluation && jobs.list.length && !view.jobId) {
+      if (!route.job && !route.chat && !route.evaluation && !route.sweep && jobs.list.length && !view.jobId) {
         replaceRoute(jobs.list[0].job_id);
         showRoute();
       }
       if (view.jobId) view.schedule();
       if (chat.jobId) chat.schedule();
       if (evaluation.evalId) evaluation.namesChanged();
+      if (jobs.state === "ok") sweepList.refresh();
+      if (sweepView.sweepId) sweepView.schedule();
     },
     onServerState: renderServerState,
   });
   const view = new JobView(document.getElementById("job-view"), { writer, jobs });
   const chat = new ChatView(document.getElementById("chat-view"), { jobs });
   const evaluation = new EvalView(document.getElementById("eval-view"), { jobs });
+  const sweepList = new SweepList(document.getElementById("sweeps-card"));
+  const sweepView = new SweepView(document.getElementById("sweep-view"), { jobs, writer, onChange: () => sweepList.refresh(true) });
 
   function showRoute() {
-    const { job, compare, chat: chatJob, compareBase, evaluation: evalId } = currentRoute();
-    document.body.dataset.view = evalId ? "eval" : chatJob ? "chat" : "job";
-    document.getElementById("no-job").hidden = Boolean(job || chatJob || evalId);
-    if (evalId) {
+    const { job, compare, chat: chatJob, compareBase, evaluation: evalId, sweep: sweepId } = currentRoute();
+    document.body.dataset.view = sweepId ? "sweep" : evalId ? "eval" : chatJob ? "chat" : "job";
+    document.getElementById("no-job").hidden = Boolean(job || chatJob || evalId || sweepId);
+    sweepList.select(sweepId);
+    if (sweepId) {
+      view.hide();
+      chat.hide();
+      evaluation.hide();
+      sweepView.show(sweepId);
+    } else if (evalId) {
+      sweepView.hide();
       view.hide();
       chat.hide();
       evaluation.show(evalId);
     } else if (chatJob) {
+      sweepView.hide();
       evaluation.hide();
       view.hide();
       chat.show(chatJob, compareBase).catch((error) => console.error("could not open the chat", error));
     } else {
+      sweepView.hide();
       chat.hide();
       evaluation.hide();
       if (job) view.show(job, compare);
@@ -116,6 +131,7 @@ async function main() {
   }
 
   const form = new StartForm(document.getElementById("start-form"), { onStarted: started });
+  sweepView.form = form; // "Run again with these" fills it
   // /system answers 401 until the token is entered: ask again then (the Cluster fields, the machine's note).
   window.addEventListener("studio:token", () => {
     form.refreshSystem().catch((error) => console.warn("could not read /system", error));
@@ -153,6 +169,7 @@ async function main() {
     if (!document.hidden) jobs.refresh();
   });
   exposeProbe(view, writer, chat);
+  window.__studio.sweep = () => sweepView.snapshot();
 
   showRoute();
   await form.load();

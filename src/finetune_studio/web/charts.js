@@ -3,7 +3,8 @@
 
 import uPlot from "./vendor/uplot/uPlot.esm.js";
 
-const AXIS = {
+// The axes' look, shared by every chart (sweepcharts.js draws its scatter plots with it).
+export const AXIS = {
   stroke: "#6b7280",
   grid: { stroke: "#eceef2", width: 1 },
   ticks: { stroke: "#e2e5ea", width: 1, size: 4 },

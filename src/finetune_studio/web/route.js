@@ -1,21 +1,29 @@
 // Where the page is, kept in the location's hash: #job=<id>[&compare=<id>] names
 // the run shown and the one overlaid on its charts; #chat=<id>[&compare=1] the
 // run chatted with (compare: beside its base model); #eval=<id> an evaluation
-// (evaluation.js). Links and the back button work because every change of view goes
+// (evaluation.js); #sweep=<id> a sweep (sweeps.js). Links and the back button work because every change of view goes
 // through the hash.
 
 /**
  * The run shown and the one compared with it, from the hash (null when absent);
  * or `chat`, the run chatted with, and `compareBase`, whether its base answers too; or
- * `evaluation`, the evaluation shown.
+ * `evaluation`, the evaluation shown; or `sweep`, the sweep shown.
  */
 export function currentRoute() {
   const params = new URLSearchParams(location.hash.slice(1));
   const chat = params.get("chat");
   const evaluation = params.get("eval");
-  if (evaluation) return { job: null, compare: null, chat: null, compareBase: false, evaluation };
-  if (chat) return { job: null, compare: null, chat, compareBase: params.get("compare") === "1", evaluation: null };
-  return { job: params.get("job"), compare: params.get("compare"), chat: null, compareBase: false, evaluation: null };
+  const sweep = params.get("sweep");
+  const none = { job: null, compare: null, chat: null, compareBase: false, evaluation: null, sweep: null };
+  if (sweep) return { ...none, sweep };
+  if (evaluation) return { ...none, evaluation };
+  if (chat) return { ...none, chat, compareBase: params.get("compare") === "1" };
+  return { ...none, job: params.get("job"), compare: params.get("compare") };
+}
+
+/** The hash of a sweep's view, with its "#". */
+export function sweepHash(sweepId) {
+  return `#${new URLSearchParams({ sweep: sweepId })}`;
 }
 
 /** The hash of an evaluation's view, with its "#". */

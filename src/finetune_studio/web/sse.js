@@ -48,6 +48,13 @@ function waitForEvent(name, signal) {
   });
 }
 
+// A job's stream: its status and progress events, ending with its terminal status.
+const JOB_KINDS = new Set(["status", "progress"]);
+
+function jobEnded(kind, data) {
+  return kind === "status" && TERMINAL.has(data.phase);
+}
+
 /** Every stream connection made (job, Last-Event-ID sent): shown as window.__studio.connections. */
 export const connectionLog = [];
 
@@ -58,12 +65,17 @@ export const connectionLog = [];
  * reports: connecting, live, reconnecting (attempt, delayMs, reason), unauthorized,
  * gone (404, or 416: a cursor past the job's last event), ended (terminal status seen), closed.
  * `prefix` "export" follows an export's stream (export/stream/ID), "eval" an evaluation's
- * (eval/stream/ID), instead of a training job's.
+ * (eval/stream/ID), instead of a training job's. A stream of another shape (a sweep's:
+ * sweeps.js) names its `path`, the event `kinds` it takes, and `ends(kind, data)`: whether
+ * an event is its terminal one.
  */
 export class JobStream {
-  constructor(jobId, { lastEventId = 0, onEvent, onState, prefix = "train" }) {
+  constructor(jobId, { lastEventId = 0, onEvent, onState, prefix = "train", path = null, kinds = JOB_KINDS, ends = jobEnded }) {
     this.jobId = jobId;
     this.prefix = prefix;
+    this.path = path || `${prefix}/stream/${encodeURIComponent(jobId)}`;
+    this.kinds = kinds;
+    this.ends = ends;
     this.lastEventId = lastEventId;
     this.onEvent = onEvent;
     this.onState = onState || (() => {});
@@ -98,7 +110,7 @@ export class JobStream {
         const headers = { Accept: "text/event-stream", ...authHeaders() };
         if (this.lastEventId > 0) headers["Last-Event-ID"] = String(this.lastEventId);
         connectionLog.push({ job_id: this.jobId, last_event_id: this.lastEventId, at: Date.now() });
-        const response = await fetch(`${this.prefix}/stream/${encodeURIComponent(this.jobId)}`, {
+        const response = await fetch(this.path, {
           headers,
           signal,
           cache: "no-store",
@@ -151,7 +163,7 @@ export class JobStream {
   accept(raw) {
     const id = Number.parseInt(raw.id, 10);
     if (!Number.isSafeInteger(id) || id <= this.lastEventId) return false;
-    if (raw.event !== "status" && raw.event !== "progress") {
+    if (!this.kinds.has(raw.event)) {
       this.lastEventId = id;
       return false;
     }
@@ -164,7 +176,7 @@ export class JobStream {
       return false;
     }
     this.lastEventId = id;
-    if (raw.event === "status" && TERMINAL.has(data.phase)) this.finished = true;
+    if (this.ends(raw.event, data)) this.finished = true;
     this.onEvent({ id, kind: raw.event, data });
     return true;
   }
