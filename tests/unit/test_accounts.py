@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import logging
 import re
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -106,6 +108,20 @@ def test_every_route_has_one_scope_and_every_row_a_route(tmp_path: Path) -> None
     assert set(ROUTE_SCOPES.values()) <= set(SCOPES)
 
 
+def test_a_router_whose_routes_would_not_ask_their_scope_is_refused() -> None:
+    from fastapi import APIRouter
+
+    from finetune_studio.api.accounts import AuthorizedRoute, check_authorized
+
+    plain = APIRouter(prefix="/plain")
+    plain.get("/x")(lambda: None)
+    with pytest.raises(TypeError, match="route_class=AuthorizedRoute"):
+        check_authorized([plain])
+    checked = APIRouter(prefix="/checked", route_class=AuthorizedRoute)
+    checked.get("/x")(lambda: None)
+    check_authorized([checked])
+
+
 def test_another_users_object_is_the_404_of_an_unknown_id_on_every_route(team: Team, tmp_path: Path) -> None:
     job = start(team, "alice", tmp_path, "polite")  # it waits in training: every route finds it live
     wait_for(lambda: phase(team, job) == "training", timeout=20, what="alice's job to train")
@@ -202,6 +218,18 @@ def test_a_revoked_key_is_401_at_once_and_its_open_stream_ends(team: Team, tmp_p
     wait_for(lambda: phase(team, job) == "stopped", timeout=20, what="the job to stop")
     audit = [row["action"] for row in team.client.get("/auth/audit", headers=team.admin).json()["data"]]
     assert "key_revoked" in audit and "POST /train/start" in audit and f"POST /train/stop/{job}" in audit
+
+
+def test_a_user_removed_by_another_process_is_401_at_their_next_request(team: Team, tmp_path: Path) -> None:
+    # The server keeps what it found of a key (api/accounts.py); the CLI's `users remove` writes the
+    # database from a process of its own, which the server must see at once.
+    assert team.client.get("/train/jobs", headers=team.of("bob")).status_code == 200  # found, and kept
+    assert team.client.get("/train/jobs", headers=team.of("bob")).status_code == 200
+    removed = subprocess.run([sys.executable, "-m", "finetune_studio.cli.main", "users", "remove", "bob",
+                              "--data-dir", str(tmp_path / "data")], capture_output=True, text=True, check=False)
+    assert removed.returncode == 0, removed.stderr
+    assert team.client.get("/train/jobs", headers=team.of("bob")).status_code == 401
+    assert team.client.get("/train/jobs", headers=team.of("alice")).status_code == 200
 
 
 def test_failed_keys_are_rate_limited_per_address(team: Team) -> None:

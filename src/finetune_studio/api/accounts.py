@@ -13,7 +13,7 @@ with any request the browser sends, the header only with the page's own. A key's
 session's streams (and its writes) run in a task of their own, which a revocation, a
 sign-out, the user's removal or the expiry cancels: the stream ends there.
 
-`authorize` (a dependency of every API router) then asks the route's scope (api/scopes.py)
+`authorize` (run before every API route's handler: `AuthorizedRoute`) then asks the route's scope (api/scopes.py)
 and, for a user who is not an admin, the owner of every id in the path: another user's
 object answers exactly what an unknown id answers (404, never 403).
 
@@ -28,11 +28,12 @@ import json
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from fastapi import Request
+from fastapi import Request, Response
+from fastapi.routing import APIRoute, APIRouter
 from starlette.requests import cookie_parser
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -367,13 +368,9 @@ OWNED_PARAMS: dict[str, tuple[Callable[[Studio, str], Optional[str]], Callable[[
 }
 
 
-async def authorize(request: Request) -> None:
-    """The route's scope, and the owner of each id in its path (a dependency of every API router)."""
-    principal = ACTING.get()
-    if principal is None:
-        return  # not reached: the guard sets one for every API path but the open ones
-    route = request.scope.get("route")
-    template = str(getattr(route, "path", request.url.path))
+def authorize(principal: Principal, request: Request, template: str) -> None:
+    """The route's scope, and the owner of each id in its path: StudioError (403 Forbidden, or the
+    404 of an unknown id for another user's object) when `principal` may not go on."""
     needed = scope_of(request.method, template)
     if needed is None:
         raise StudioError(f"{request.method} {template} has no scope in api/scopes.py ROUTE_SCOPES: the server refuses it")
@@ -390,3 +387,31 @@ async def authorize(request: Request) -> None:
         owner = owned[0](studio, str(value))
         if owner is not None and not principal.sees(owner or None):
             raise owned[1](str(value))
+
+
+class AuthorizedRoute(APIRoute):
+    """The route class of every API router: with accounts on (a principal set by the guard), its
+    handler first asks `authorize`. A wrapper rather than a dependency: the polling path stays one
+    call from its handler, with no dependency to solve; with no principal (single-user mode) it
+    costs one context-variable read."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+        template = self.path
+
+        async def authorized(request: Request) -> Response:
+            principal = ACTING.get()
+            if principal is not None:
+                authorize(principal, request, template)
+            return await handler(request)
+
+        return authorized
+
+
+def check_authorized(routers: Iterable[APIRouter]) -> None:
+    """Refuse an API route that would not ask `authorize` (its router's route_class is another)."""
+    for router in routers:
+        for route in router.routes:
+            if isinstance(route, APIRoute) and not isinstance(route, AuthorizedRoute):
+                raise TypeError(f"{sorted(route.methods or ())} {route.path}: its router's route_class is"
+                                f" {type(route).__name__}; give the router route_class=AuthorizedRoute (api/accounts.py)")

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any, Optional
 
-from fastapi import Depends, FastAPI, Request
+from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
@@ -25,7 +25,7 @@ from starlette.types import Scope
 
 from finetune_studio import __version__
 from finetune_studio.api import openai_errors
-from finetune_studio.api.accounts import AccountGuard, Accounts, authorize
+from finetune_studio.api.accounts import AccountGuard, Accounts, check_authorized
 from finetune_studio.api.auth import TokenGuard, under_prefixes
 from finetune_studio.api.body_limit import DeclaredBodyLimit, too_large_body, too_large_upload
 from finetune_studio.api.deps import Studio
@@ -210,12 +210,11 @@ def create_app(
     if settings.is_loopback():
         app.add_middleware(LoopbackHostGuard, server_names=settings.server_names)
     app.include_router(health.router)
-    # With accounts on, each route asks its scope and the owner of the ids in its path (api/accounts.py).
-    checks = [Depends(authorize)] if settings.accounts else None
+    # With accounts on, each route asks its scope and the owner of the ids in its path (api/accounts.py
+    # AuthorizedRoute, every API router's route class).
+    check_authorized((*API_ROUTERS, auth.router))
     for router in routers:
-        app.include_router(
-            router, max_body_size=upload_limit if router is files.router else settings.max_request_bytes, dependencies=checks
-        )
+        app.include_router(router, max_body_size=upload_limit if router is files.router else settings.max_request_bytes)
     # Work that lives only for its request (an inspection, a chat answer) goes when its client goes.
     check_request_scoped(API_ROUTERS)
 

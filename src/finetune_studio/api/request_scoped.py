@@ -40,6 +40,8 @@ from fastapi import Request, Response
 from fastapi.routing import APIRoute, APIRouter
 from starlette.types import Message
 
+from finetune_studio.api.accounts import AuthorizedRoute
+
 # nginx's code for "the client closed the request".
 CLIENT_GONE = 499
 Handler = Callable[[Request], Coroutine[Any, Any, Response]]
@@ -72,8 +74,9 @@ def check_request_scoped(routers: Iterable[APIRouter]) -> None:
             )
 
 
-class RequestScopedRoute(APIRoute):
-    """A route whose marked endpoint's handler is cancelled when its client goes away; other endpoints as APIRoute."""
+class RequestScopedRoute(AuthorizedRoute):
+    """A route whose marked endpoint's handler is cancelled when its client goes away; other endpoints as
+    every API route (AuthorizedRoute)."""
 
     def get_route_handler(self) -> Handler:
         handler = super().get_route_handler()

@@ -255,6 +255,10 @@ def check_scopes(scopes: Iterable[str]) -> tuple[str, ...]:
     return chosen
 
 
+# Keys `AccountTable.lookup` keeps found, at most (past it, it starts again).
+MAX_CACHED_KEYS = 4096
+
+
 class AccountTable:
     """Users, keys and the audit log on the job store's connection (migration 7)."""
 
@@ -265,6 +269,11 @@ class AccountTable:
         self._hasher = PasswordHasher()  # argon2id with the library's recommended costs
         # key id -> when its last_used_at was last written (see LAST_USED_EVERY_SECONDS).
         self._touched: dict[str, float] = {}
+        # What `lookup` found, by digest: valid while neither this table changed a key or a user
+        # (`_forget`) nor another process committed to the file (SQLite's data_version moves only
+        # then: the CLI's `users remove`, say), so a revocation holds from the next request on.
+        self._found: dict[str, tuple[KeyRecord, bool]] = {}
+        self._data_version = -1
 
     def digest(self, key: str) -> str:
         return hmac.new(self._secret, key.encode(), hashlib.sha256).hexdigest()
@@ -288,6 +297,7 @@ class AccountTable:
 
     def remove_user(self, name: str) -> None:
         """Remove a user, their keys and their sessions (their jobs and files stay, seen by the admins)."""
+        self._forget()
         with self._health.writing(), self._db:
             self._db.execute("BEGIN IMMEDIATE")
             self._db.execute("DELETE FROM api_keys WHERE user_name = ?", (name,))
@@ -361,6 +371,7 @@ class AccountTable:
         return [_key(row) for row in self._db.execute(query + " ORDER BY seq DESC", params)]
 
     def revoke_key(self, key_id: str) -> KeyRecord:
+        self._forget()
         with self._health.writing():
             row = self._db.execute(
                 "UPDATE api_keys SET revoked_at = ? WHERE id = ? AND revoked_at IS NULL RETURNING *", (time.time(), key_id)
@@ -370,14 +381,31 @@ class AccountTable:
         return _key(row)
 
     def lookup(self, key: str) -> Optional[tuple[KeyRecord, bool]]:
-        """The key's record and whether its user is an admin (one HMAC and one indexed read),
+        """The key's record and whether its user is an admin (one HMAC and one indexed read, cached),
         or None for a key no row holds. Revoked and expired keys are returned: the caller says why."""
+        digest = self.digest(key)
+        version = self._db.execute("PRAGMA data_version").fetchone()[0]
+        if version != self._data_version:
+            self._forget()
+            self._data_version = version
+        found = self._found.get(digest)
+        if found is not None:
+            return found
         row = self._db.execute(
             "SELECT api_keys.*, users.is_admin FROM api_keys JOIN users ON users.name = api_keys.user_name"
             " WHERE digest = ?",
-            (self.digest(key),),
+            (digest,),
         ).fetchone()
-        return (_key(row), bool(row["is_admin"])) if row is not None else None
+        if row is None:  # not kept: a made-up key must not grow the cache
+            return None
+        if len(self._found) >= MAX_CACHED_KEYS:
+            self._found.clear()
+        found = self._found[digest] = (_key(row), bool(row["is_admin"]))
+        return found
+
+    def _forget(self) -> None:
+        """Drop what `lookup` keeps (a key or a user changed)."""
+        self._found.clear()
 
     def touch(self, key_id: str, now: float) -> None:
         """Record a use of the key, at most once a LAST_USED_EVERY_SECONDS."""

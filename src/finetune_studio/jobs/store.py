@@ -123,6 +123,10 @@ MIGRATIONS: tuple[str, ...] = (
 )
 
 
+# Job owners `JobStore.owner_of` keeps, at most (past it, it starts again).
+MAX_KEPT_OWNERS = 4096
+
+
 @dataclass(frozen=True, slots=True)
 class StoredEvent:
     job_id: str
@@ -195,6 +199,8 @@ class JobStore:
         self.health = health or StorageHealth()
         # Statuses the store could not write, shown by every read until they are (see `hold`).
         self._held: dict[str, dict[str, Any]] = {}
+        # job id -> its owner, as `owner_of` read it (a job's owner never changes; a deleted job's goes).
+        self._owners: dict[str, Optional[str]] = {}
         self._db = connect(path)
         self._db.execute("PRAGMA journal_mode=WAL")
         # NORMAL in WAL mode survives a crash of this process; only power loss can
@@ -351,6 +357,7 @@ class JobStore:
                 if phase not in TERMINAL:
                     raise JobNotFinished(f"job {job_id} is {phase}: stop it first, or wait until it has finished")
             for job_id in job_ids:
+                self._owners.pop(job_id, None)
                 self._db.execute("DELETE FROM events WHERE job_id = ?", (job_id,))
                 self._db.execute("DELETE FROM eval_results WHERE eval_id = ?", (job_id,))
                 self._db.execute("DELETE FROM eval_samples WHERE eval_id = ?", (job_id,))
@@ -504,11 +511,17 @@ class JobStore:
         return [(str(row[0]), row[1]) for row in rows if str(row[0]) not in self._held]
 
     def owner_of(self, job_id: str) -> Optional[str]:
-        """The job's owner (None: none recorded); JobNotFound for an unknown id."""
+        """The job's owner (None: none recorded); JobNotFound for an unknown id. Kept once read
+        (at most MAX_KEPT_OWNERS): every request with accounts on asks it of the ids in its path."""
+        if job_id in self._owners:
+            return self._owners[job_id]
         row = self._db.execute("SELECT owner FROM jobs WHERE id = ?", (job_id,)).fetchone()
         if row is None:
             raise JobNotFound(job_id)
-        return None if row[0] is None else str(row[0])
+        if len(self._owners) >= MAX_KEPT_OWNERS:
+            self._owners.clear()
+        owner = self._owners[job_id] = None if row[0] is None else str(row[0])
+        return owner
 
     def unfinished_jobs(self) -> list[JobRecord]:
         marks = ",".join("?" * len(TERMINAL))

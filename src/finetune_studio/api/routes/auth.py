@@ -18,7 +18,7 @@ from typing import Annotated, Any, Optional
 from fastapi import APIRouter, Query, Request, status
 from fastapi.responses import JSONResponse, Response
 
-from finetune_studio.api.accounts import SESSION_COOKIE, Accounts, Forbidden
+from finetune_studio.api.accounts import SESSION_COOKIE, Accounts, AuthorizedRoute, Forbidden
 from finetune_studio.api.deps import ParamInt
 from finetune_studio.bounds import MAX_PAGE_ITEMS
 from finetune_studio.jobs.accounts import (
@@ -32,7 +32,7 @@ from finetune_studio.jobs.accounts import (
 )
 from finetune_studio.schemas import KeyCreate, SessionCreate, UserCreate
 
-router = APIRouter(prefix="/auth", tags=["auth"])
+router = APIRouter(prefix="/auth", tags=["auth"], route_class=AuthorizedRoute)
 
 
 def _accounts(request: Request) -> Accounts:

@@ -24,6 +24,7 @@ from typing import Annotated, Any, Optional
 from fastapi import APIRouter, Query, Request, Response, status
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from finetune_studio.api.accounts import AuthorizedRoute
 from finetune_studio.api.deps import ParamInt, Responses, StudioDep, studio_of
 from finetune_studio.api.job_stream import (
     LastEventIdHeader,
@@ -53,7 +54,7 @@ from finetune_studio.schemas import (
     LmEvalSuite,
 )
 
-router = APIRouter(prefix="/eval", tags=["evaluation"])
+router = APIRouter(prefix="/eval", tags=["evaluation"], route_class=AuthorizedRoute)
 
 SERVER_PREFIX = "FINETUNE_STUDIO_"
 

@@ -17,6 +17,7 @@ from fastapi import APIRouter, Query, Request, Response, status
 from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
 
 from finetune_studio import llama_build
+from finetune_studio.api.accounts import AuthorizedRoute
 from finetune_studio.api.deps import ExportDep, Responses, StudioDep, studio_of
 from finetune_studio.api.job_stream import (
     LastEventIdHeader,
@@ -41,7 +42,7 @@ from finetune_studio.schemas import (
 )
 from finetune_studio.wire import GGUF_INSTALL, JobFolder
 
-router = APIRouter(prefix="/export", tags=["export"])
+router = APIRouter(prefix="/export", tags=["export"], route_class=AuthorizedRoute)
 
 _NOT_FOUND: Responses = {status.HTTP_404_NOT_FOUND: {"description": "No export has this id"}}
 _REFUSED: Responses = {

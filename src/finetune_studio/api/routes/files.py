@@ -19,6 +19,7 @@ from fastapi import APIRouter, File, Form, Request, UploadFile, status
 from fastapi.responses import FileResponse
 from starlette.datastructures import FormData
 
+from finetune_studio.api.accounts import AuthorizedRoute
 from finetune_studio.api.deps import PageLimit, Responses, Studio, StudioDep
 from finetune_studio.api.ranges import FileDownload
 from finetune_studio.bounds import MAX_PAGE_ITEMS
@@ -28,7 +29,7 @@ from finetune_studio.files.store import StoredFile
 from finetune_studio.jobs.accounts import seen_owner
 from finetune_studio.openai_wire import ErrorResponse, FileDeleted, FileList, FileObject
 
-router = APIRouter(prefix="/v1/files", tags=["openai"])
+router = APIRouter(prefix="/v1/files", tags=["openai"], route_class=AuthorizedRoute)
 _ERRORS: Responses = {
     status.HTTP_400_BAD_REQUEST: {"model": ErrorResponse, "description": "The file does not fit its purpose; the message names its bad lines"},
     status.HTTP_404_NOT_FOUND: {"model": ErrorResponse, "description": "No file has this id"},

@@ -13,6 +13,7 @@ from typing import Optional
 
 from fastapi import APIRouter, status
 
+from finetune_studio.api.accounts import AuthorizedRoute
 from finetune_studio.api.deps import JobDep, PageLimit, Responses, StudioDep
 from finetune_studio.api.openai_jobs import job_checkpoints, job_events, job_object, training_request
 from finetune_studio.api.routes.train import queue_training
@@ -28,7 +29,7 @@ from finetune_studio.openai_wire import (
 )
 from finetune_studio.schemas import OPENAI_JOB
 
-router = APIRouter(prefix="/v1/fine_tuning", tags=["openai"])
+router = APIRouter(prefix="/v1/fine_tuning", tags=["openai"], route_class=AuthorizedRoute)
 _ERRORS: Responses = {
     status.HTTP_400_BAD_REQUEST: {"model": ErrorResponse, "description": "A bad parameter; `error.param` names it"},
     status.HTTP_404_NOT_FOUND: {"model": ErrorResponse, "description": "No job has this id"},

@@ -8,7 +8,9 @@ from __future__ import annotations
 from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-router = APIRouter(prefix="/metrics", tags=["metrics"])
+from finetune_studio.api.accounts import AuthorizedRoute
+
+router = APIRouter(prefix="/metrics", tags=["metrics"], route_class=AuthorizedRoute)
 
 
 @router.get("", response_class=Response, responses={200: {"content": {CONTENT_TYPE_LATEST: {}}, "description": "The metrics"}})

@@ -14,6 +14,7 @@ from typing import Annotated, Any, Optional
 from fastapi import APIRouter, Depends, Request, Response, status
 from pydantic import ValidationError
 
+from finetune_studio.api.accounts import AuthorizedRoute
 from finetune_studio.api.admission import check_start
 from finetune_studio.api.deps import PageLimit, Responses, Studio, StudioDep
 from finetune_studio.api.job_stream import LastEventIdHeader, LastEventIdQuery
@@ -35,7 +36,7 @@ from finetune_studio.schemas import (
 )
 from finetune_studio.supervisor.sweeps import SweepManager
 
-router = APIRouter(prefix="/sweeps", tags=["sweeps"])
+router = APIRouter(prefix="/sweeps", tags=["sweeps"], route_class=AuthorizedRoute)
 
 _REFUSED: Responses = {
     status.HTTP_400_BAD_REQUEST: {"description": "The sweep cannot be run as asked; `field` names what to fix"},

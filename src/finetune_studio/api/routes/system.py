@@ -35,13 +35,14 @@ from typing import Optional
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, Field
 
+from finetune_studio.api.accounts import AuthorizedRoute
 from finetune_studio.api.deps import studio_of
 from finetune_studio.config import Settings
 from finetune_studio.cuda_features import recommended_settings
 from finetune_studio.hardware import CpuBf16Kind, detect_cpu_bf16
 from finetune_studio.uris import is_uri, redacted
 
-router = APIRouter(prefix="/system", tags=["system"])
+router = APIRouter(prefix="/system", tags=["system"], route_class=AuthorizedRoute)
 
 LIBRARIES = ("torch", "transformers", "peft", "trl", "bitsandbytes")
 NVIDIA_DRIVER = Path("/proc/driver/nvidia")

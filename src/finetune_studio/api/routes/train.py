@@ -10,6 +10,7 @@ from fastapi import APIRouter, Request, Response, status
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from finetune_studio.api.accounts import AuthorizedRoute
 from finetune_studio.api.admission import check_start
 from finetune_studio.api.deps import JobDep, Responses, Studio, StudioDep, studio_of
 from finetune_studio.api.job_stream import (
@@ -36,7 +37,7 @@ from finetune_studio.schemas import (
     TrainingStatus,
 )
 
-router = APIRouter(prefix="/train", tags=["train"])
+router = APIRouter(prefix="/train", tags=["train"], route_class=AuthorizedRoute)
 
 _REFUSED: Responses = {
     status.HTTP_400_BAD_REQUEST: {"model": TrainingJobResponse, "description": "The server cannot take this request"},

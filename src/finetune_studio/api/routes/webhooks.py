@@ -15,6 +15,7 @@ from typing import Any
 
 from fastapi import APIRouter, status
 
+from finetune_studio.api.accounts import AuthorizedRoute
 from finetune_studio.api.deps import PageLimit, Responses, StudioDep
 from finetune_studio.errors import WebhookRefused
 from finetune_studio.jobs.webhooks import EVENTS, DeliveryRecord, WebhookRecord, new_secret
@@ -33,10 +34,10 @@ from finetune_studio.schemas import (
 )
 from finetune_studio.supervisor.webhooks import SETTING
 
-router = APIRouter(prefix="/webhooks", tags=["webhooks"])
+router = APIRouter(prefix="/webhooks", tags=["webhooks"], route_class=AuthorizedRoute)
 # The event list has a path of its own: under /webhooks, `events` would also match
 # /webhooks/{webhook_id}, whose DELETE a 405's Allow would then name.
-events_router = APIRouter(prefix="/webhook-events", tags=["webhooks"])
+events_router = APIRouter(prefix="/webhook-events", tags=["webhooks"], route_class=AuthorizedRoute)
 
 # The bytes a given secret may hold (Standard Webhooks: 24 to 64).
 SECRET_BYTES = (24, 64)
