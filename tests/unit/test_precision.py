@@ -52,6 +52,10 @@ def fake_cpuinfo(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, flags: str, mo
     path = tmp_path / "cpuinfo"
     path.write_text(CPUINFO.format(model=model, flags=flags))
     monkeypatch.setattr(hardware, "CPUINFO", path)
+    # The flags decide, as on a CPU whose torch build does not say (this machine's oneDNN may refuse bf16).
+    from finetune_studio.child import precision
+
+    monkeypatch.setattr(precision, "torch_cpu_bf16", lambda: None)
     return path
 
 
