@@ -34,19 +34,15 @@ function formatValue(kind) {
 }
 
 /**
- * One chart. update(x, series) takes the x values (steps) and the series to draw:
- * [{key, label, stroke, dash?, pointsOnly?, values}]. The uPlot instance is rebuilt
- * only when the set of series changes (a comparison chosen, eval loss appearing).
+ * What every chart of the page shares: its box, a fixed height, the text shown while it has
+ * nothing to draw, its uPlot instance (built by the subclass) kept to the box's width.
  */
-export class MetricChart {
-  constructor(box, { height = 200, kind = "plain", showStep = true, emptyText = "Waiting for the first step…" } = {}) {
+export class ChartBox {
+  constructor(box, height, emptyText) {
     this.box = box;
-    box.classList.toggle("hide-step", !showStep);
     this.height = height;
-    this.kind = kind;
     this.plot = null;
     this.signature = "";
-    this.data = [[]];
     this.empty = document.createElement("div");
     this.empty.className = "chart-empty";
     this.empty.textContent = emptyText;
@@ -64,6 +60,26 @@ export class MetricChart {
       const width = this.width();
       if (width !== this.plot.width) this.plot.setSize({ width, height: this.height });
     }
+  }
+
+  destroy() {
+    this.resizer.disconnect();
+    if (this.plot) this.plot.destroy();
+    this.plot = null;
+  }
+}
+
+/**
+ * One chart. update(x, series) takes the x values (steps) and the series to draw:
+ * [{key, label, stroke, dash?, pointsOnly?, values}]. The uPlot instance is rebuilt
+ * only when the set of series changes (a comparison chosen, eval loss appearing).
+ */
+export class MetricChart extends ChartBox {
+  constructor(box, { height = 200, kind = "plain", showStep = true, emptyText = "Waiting for the first step…" } = {}) {
+    super(box, height, emptyText);
+    box.classList.toggle("hide-step", !showStep);
+    this.kind = kind;
+    this.data = [[]];
   }
 
   setEmptyText(text) {
@@ -125,12 +141,6 @@ export class MetricChart {
     let n = 0;
     for (const v of values) if (v != null) n += 1;
     return n;
-  }
-
-  destroy() {
-    this.resizer.disconnect();
-    if (this.plot) this.plot.destroy();
-    this.plot = null;
   }
 }
 

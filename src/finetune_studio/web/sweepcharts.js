@@ -4,7 +4,7 @@
 // on its own scale (logarithmic when they are all positive and span over a decade, as
 // learning rates do); one of words or true/false puts its choices side by side.
 
-import { AXIS } from "./charts.js";
+import { AXIS, ChartBox } from "./charts.js";
 import * as fmt from "./format.js";
 import uPlot from "./vendor/uplot/uPlot.esm.js";
 
@@ -31,31 +31,12 @@ function xRange(x, isNumeric, log, choices) {
   return [low - pad, high + pad];
 }
 
-export class ParamChart {
+export class ParamChart extends ChartBox {
   /** `name`: the parameter, as the x axis's label. */
   constructor(box, name, { height = 170 } = {}) {
-    this.box = box;
+    super(box, height, "No trial has an objective yet");
     this.name = name;
-    this.height = height;
-    this.plot = null;
-    this.signature = "";
     this.data = [[], [], []];
-    this.empty = document.createElement("div");
-    this.empty.className = "chart-empty";
-    this.empty.textContent = "No trial has an objective yet";
-    box.append(this.empty);
-    this.resizer = new ResizeObserver(() => this.fit());
-    this.resizer.observe(box);
-  }
-
-  width() {
-    return Math.max(160, Math.floor(this.box.clientWidth));
-  }
-
-  fit() {
-    if (this.plot && this.box.clientWidth > 0 && this.width() !== this.plot.width) {
-      this.plot.setSize({ width: this.width(), height: this.height });
-    }
   }
 
   /** Draw `points` ([{x: the trial's value of the parameter, y: its objective, number}]), `bestNumber` apart. */
@@ -108,11 +89,5 @@ export class ParamChart {
   /** How many trials the plot draws (the best among them). */
   points() {
     return this.data[1].filter((v) => v != null).length + this.data[2].filter((v) => v != null).length;
-  }
-
-  destroy() {
-    this.resizer.disconnect();
-    if (this.plot) this.plot.destroy();
-    this.plot = null;
   }
 }
