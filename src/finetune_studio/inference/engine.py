@@ -468,8 +468,8 @@ class Engine:
         tokens, described = self._choose([request], [run], last.view(1, -1))
         self._accept(request, run, tokens[0], described[0])
         if lane is not None and request.id in self._requests:  # not finished at its first token: it joins its batch
-            self._batch(entry, lane).join(request.id, run.adapter, cache, len(prompt))
-            run.batch = self._batches[(entry.key, lane)]
+            run.batch = self._batch(entry, lane)
+            run.batch.join(request.id, run.adapter, cache, len(prompt))
 
     def _prefill_together(self, group: list[tuple[Request, list[int]]]) -> None:
         """Prefill the prompts of one base and lane in one left-padded forward pass (batch.py),

@@ -217,9 +217,8 @@ class WebhookTable:
         """The registration, its deliveries and their attempts, in one transaction."""
         with self.health.writing(), self._db:
             self._db.execute("BEGIN IMMEDIATE")
-            self.get(webhook_id)
-            if self._db.execute("DELETE FROM webhooks WHERE id = ? RETURNING id", (webhook_id,)).fetchone() is None:
-                raise WebhookNotFound(webhook_id)
+            self.get(webhook_id)  # WebhookNotFound: unknown, or another user's
+            self._db.execute("DELETE FROM webhooks WHERE id = ?", (webhook_id,))
             self._db.execute(
                 "DELETE FROM webhook_attempts WHERE delivery_id IN (SELECT id FROM webhook_deliveries WHERE webhook_id = ?)",
                 (webhook_id,),
