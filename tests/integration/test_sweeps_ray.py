@@ -1,9 +1,15 @@
 """A sweep on a real Ray cluster (docs/API.md, Sweeps; issue 29, item 4): with `max_parallel: 2`
 its trials run side by side on the cluster. The cluster is test_ray.py's: two nodes of one CPU
 each on 127.0.0.1, and a real server using it; each trial asks for one worker of one CPU, so
-the cluster holds two at once. Side by side means the trials' intervals on the cluster (from the
-worker's first status to the end), by their own events' timestamps, overlap. A grid of the
-whole space also ends the sweep (the grid sampler's own stop, told outside optimize())."""
+the cluster holds two at once.
+
+Side by side is seen, not inferred from timings: the test watches both trials' statuses until,
+at one moment, both are training on the cluster (phase `training`, a step past 0), then stops
+the sweep. Each trial is far longer than a worker's start-up (STEPS), so a first trial cannot
+end before the second is placed unless the cluster really runs them one after the other; a
+timing-based check (their intervals overlap) failed under CI load when the second worker's
+start-up outlasted the first trial's 40 steps. That a grid of the whole space ends the sweep
+is tests/unit/test_sweep_study.py's."""
 
 from __future__ import annotations
 
@@ -21,19 +27,17 @@ pytest.importorskip("optuna", reason="sweeps need finetune-studio[sweep]")
 from tests.integration import test_ray  # noqa: E402 - after the skips: it imports ray's helpers
 
 pytestmark = [pytest.mark.train, pytest.mark.slow]
-STEPS = 40  # long enough that each trial's work on the cluster outlasts the other's start-up
+STEPS = 5000  # far longer than a worker's start-up: the sweep is stopped once both are seen training
 cluster = test_ray.cluster  # test_ray.py's 2-node cluster fixture, started for this module
 
 
-def on_the_cluster(events: list[Any]) -> tuple[float, float]:
-    """From the job's first `loading_dataset` status (its worker, placed by Ray, reads the data) to its
-    terminal status, by the statuses' `details.time`. (Before it, the job waits for Ray to place it.)"""
-    statuses = [e.data for e in events if e.kind == "status"]
-    began = next(s["details"]["time"] for s in statuses if s["phase"] == "loading_dataset")
-    return float(began), float(statuses[-1]["details"]["time"])
+def on_the_cluster(client: Any, job_id: str) -> bool:
+    """The trial's worker, placed by Ray, is training: phase `training` and at least one step done."""
+    status = client.http.get(f"/train/status/{job_id}").json()
+    progress = client.http.get(f"/train/progress/{job_id}")
+    return status["phase"] == "training" and progress.status_code == 200 and progress.json()["step"] > 0
 
 
-@pytest.mark.skip(reason="flaky: under CI load the two trials were placed one after the other (session 9); to be made deterministic")
 def test_two_trials_run_side_by_side_on_the_ray_cluster(cluster: test_ray.Cluster, start_server: Any, tiny_model: Path) -> None:
     server = test_ray.ray_server(start_server, cluster.address, max_failures=0)
     request = job_request(tiny_model, max_steps=STEPS, num_workers=1, resources_per_worker={"CPU": 1})
@@ -43,22 +47,26 @@ def test_two_trials_run_side_by_side_on_the_ray_cluster(cluster: test_ray.Cluste
         created = client.http.post("/sweeps", json=body)
         assert created.status_code == 200, created.text
         sweep_id = created.json()["sweep_id"]
+
+        def both_training() -> bool:
+            trials = client.http.get(f"/sweeps/{sweep_id}").json()["trials"]
+            assert not any(t["state"] not in ("running", "queued") for t in trials), trials  # none ended first
+            return len(trials) == 2 and all(on_the_cluster(client, t["job_id"]) for t in trials)
+
+        wait_for(both_training, timeout=600, interval=0.5, what="both trials to train on the cluster at once")
+        stopped = client.http.post(f"/sweeps/{sweep_id}/stop")
+        assert stopped.status_code == 200, stopped.text
         final = wait_for(
             lambda: (s := client.http.get(f"/sweeps/{sweep_id}").json())["status"] in ("completed", "stopped", "error") and s,
-            timeout=1200, interval=1, what=f"sweep {sweep_id} to end",
+            timeout=300, interval=1, what=f"sweep {sweep_id} to end",
         )
-        assert final["status"] == "completed" and final["counted"] == 2, final
+        assert final["status"] == "stopped", final
         trials = final["trials"]
         assert sorted(t["params"]["learning_rate"] for t in trials) == [1e-3, 1e-2]
         events = {t["job_id"]: collect(client, t["job_id"]) for t in trials}
         tags = {t["job_id"]: client.http.get(f"/train/status/{t['job_id']}").json()["details"]["sweep"] for t in trials}
-    spans = []
     for job, run in events.items():
-        assert phases(run)[-1] == "completed", run[-1].data
-        assert run[-1].data["details"]["ray"]["num_workers"] == 1, run[-1].data  # trained on the cluster
+        assert phases(run)[-1] == "stopped", run[-1].data  # the sweep's stop reached each trial
         assert tags[job]["sweep_id"] == sweep_id
-        assert [e.data["step"] for e in run if e.kind == "progress"][-1] == STEPS
-        spans.append(on_the_cluster(run))
-    (a_start, a_end), (b_start, b_end) = spans
-    # Side by side: each began training before the other ended.
-    assert max(a_start, b_start) < min(a_end, b_end), spans
+        ray_details = [e.data["details"].get("ray") for e in run if e.kind == "status" and e.data.get("details", {}).get("ray")]
+        assert ray_details and ray_details[-1]["num_workers"] == 1, run[-1].data  # trained on the cluster

@@ -36,7 +36,7 @@ from finetune_studio.errors import FileNotFound, FileTooLarge
 from finetune_studio.files.checks import STUDIO_SUFFIXES, FileFacts, check_file
 from finetune_studio.files.preference import write_dpo_rows
 from finetune_studio.jobs.accounts import acting_owner, sees
-from finetune_studio.jobs.store import connect
+from finetune_studio.jobs.sql import connect, insert_next
 
 _COPY_CHUNK = 1024 * 1024
 DPO_SUFFIX = ".dpo.jsonl"
@@ -121,13 +121,10 @@ class FileStore:
         try:
             with self._db:
                 self._db.execute("BEGIN IMMEDIATE")
-                seq = self._db.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM files").fetchone()[0]
-                self._db.execute(
-                    "INSERT INTO files (id, seq, created_at, purpose, filename, bytes, path, facts_json, owner)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    (ingested.id, seq, now, ingested.purpose, ingested.filename, ingested.bytes, str(ingested.path),
-                     json.dumps(ingested.facts.to_json()), acting_owner()),
-                )
+                insert_next(self._db, "files", {
+                    "id": ingested.id, "created_at": now, "purpose": ingested.purpose, "filename": ingested.filename,
+                    "bytes": ingested.bytes, "path": str(ingested.path), "facts_json": json.dumps(ingested.facts.to_json()),
+                    "owner": acting_owner()})
         except BaseException:
             for path in (ingested.path, ingested.path.with_name(ingested.id + DPO_SUFFIX)):
                 with contextlib.suppress(OSError):

@@ -38,6 +38,7 @@ from argon2.exceptions import InvalidHashError, VerificationError
 
 from finetune_studio.errors import Refused, StudioError
 from finetune_studio.failures import StorageHealth
+from finetune_studio.jobs.sql import insert_next
 
 # The one list of scopes a key can hold (api/scopes.py maps every route to one of them).
 SCOPES: tuple[str, ...] = ("read", "train", "chat", "files", "admin")
@@ -288,11 +289,7 @@ class AccountTable:
             self._db.execute("BEGIN IMMEDIATE")
             if self._db.execute("SELECT 1 FROM users WHERE name = ?", (name,)).fetchone():
                 raise AccountRefused(f"name: a user {name!r} exists already", field="name", status_code=409)
-            seq = self._db.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM users").fetchone()[0]
-            self._db.execute(
-                "INSERT INTO users (name, seq, created_at, is_admin, password_hash) VALUES (?, ?, ?, ?, ?)",
-                (name, seq, now, int(admin), hashed),
-            )
+            insert_next(self._db, "users", {"name": name, "created_at": now, "is_admin": int(admin), "password_hash": hashed})
         return User(name, admin, now)
 
     def remove_user(self, name: str) -> None:
@@ -349,12 +346,9 @@ class AccountTable:
         expires = now + expires_in_days * 86400.0 if expires_in_days is not None else None
         with self._health.writing(), self._db:
             self._db.execute("BEGIN IMMEDIATE")
-            seq = self._db.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM api_keys").fetchone()[0]
-            self._db.execute(
-                "INSERT INTO api_keys (id, seq, user_name, name, prefix, digest, scopes_json, created_at, expires_at)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (key_id, seq, user, name, key[:SHOWN_PREFIX], self.digest(key), json.dumps(chosen), now, expires),
-            )
+            insert_next(self._db, "api_keys", {
+                "id": key_id, "user_name": user, "name": name, "prefix": key[:SHOWN_PREFIX], "digest": self.digest(key),
+                "scopes_json": json.dumps(chosen), "created_at": now, "expires_at": expires})
         record = self.key(key_id)
         assert record is not None  # noqa: S101 (just written)
         return record, key

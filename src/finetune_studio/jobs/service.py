@@ -65,36 +65,13 @@ def make_status(
     if phase not in phases:
         raise InvalidTransition(f"job {job_id} cannot go to {phase!r}: not a phase (phases: {', '.join(phases)})")
     message, error, details = bound_status(message, error, details)
+    said: dict[str, Any] = {"message": message, "error": error, "details": {**(details or {}), "time": round(time.time(), 6)}}
     if kind == "eval":
-        evaluation = EvalStatus(
-            eval_id=job_id,
-            phase=cast(EvalPhase, phase),
-            is_running=phase in EVAL_RUNNING,
-            message=message,
-            error=error,
-            details={**(details or {}), "time": round(time.time(), 6)},
-        )
-        return evaluation.model_dump()
+        return EvalStatus(eval_id=job_id, phase=cast(EvalPhase, phase), is_running=phase in EVAL_RUNNING, **said).model_dump()
     if kind == "export":
-        export = ExportStatus(
-            export_id=job_id,
-            job_id=exported_job,
-            phase=cast(ExportPhase, phase),
-            is_running=phase in EXPORT_RUNNING,
-            message=message,
-            error=error,
-            details={**(details or {}), "time": round(time.time(), 6)},
-        )
-        return export.model_dump()
-    status = TrainingStatus(
-        job_id=job_id,
-        phase=cast(Phase, phase),
-        is_training_running=phase == "training",
-        message=message,
-        error=error,
-        details={**(details or {}), "time": round(time.time(), 6)},
-    )
-    return status.model_dump()
+        return ExportStatus(export_id=job_id, job_id=exported_job, phase=cast(ExportPhase, phase),
+                            is_running=phase in EXPORT_RUNNING, **said).model_dump()
+    return TrainingStatus(job_id=job_id, phase=cast(Phase, phase), is_training_running=phase == "training", **said).model_dump()
 
 
 def _show_queue_position(

@@ -25,15 +25,13 @@ from finetune_studio.failures import StorageHealth
 from finetune_studio.jobs.accounts import MIGRATION as ACCOUNTS_MIGRATION
 from finetune_studio.jobs.accounts import SESSIONS_MIGRATION, AccountTable, acting_owner, sees
 from finetune_studio.jobs.phases import KINDS, PROGRESS_PHASES, TERMINAL, allowed_from
+from finetune_studio.jobs.sql import connect, insert_next, stored_json, stored_text, stored_value
 from finetune_studio.jobs.sweeps import MIGRATION as SWEEPS_MIGRATION
 from finetune_studio.jobs.sweeps import SweepTable
 from finetune_studio.jobs.webhooks import MIGRATION as WEBHOOKS_MIGRATION
 from finetune_studio.jobs.webhooks import OWNER_MIGRATION as WEBHOOKS_OWNER_MIGRATION
 from finetune_studio.jobs.webhooks import WebhookTable
-from finetune_studio.text import clean
 
-# json.dumps writes every non-ASCII character as an escape; surrogates' start so.
-_ESCAPED_SURROGATE = "\\ud"
 # The phases that take progress events, of any kind (no two kinds' overlap wrongly:
 # a training job is never `merging`, an export never `training`).
 _PROGRESS_PHASES: tuple[str, ...] = tuple(sorted(frozenset().union(*PROGRESS_PHASES.values())))
@@ -157,37 +155,6 @@ class JobRecord:
     owner: Optional[str] = None  # the user who made it (jobs/accounts.py); None: made before accounts, or single-user
 
 
-def _dumps(payload: dict[str, Any]) -> str:
-    """The one way a payload becomes stored JSON: every job, status and progress write
-    passes here. Text that could not be encoded (a lone surrogate quoted from a
-    dataset row or a file name) is stored with U+FFFD in its place, so that whatever
-    is stored can be served (finetune_studio/text.py)."""
-    text = json.dumps(payload, separators=(",", ":"), allow_nan=False)
-    if _ESCAPED_SURROGATE in text:  # a lone surrogate, or an escaped pair (an emoji): rare, so check closely only now
-        text = json.dumps(clean(payload), separators=(",", ":"), allow_nan=False)
-    return text
-
-
-def _servable(text: str) -> str:
-    """Stored JSON as it may be served: rows written before `_dumps` cleaned text are cleaned as they are read."""
-    return _dumps(json.loads(text)) if _ESCAPED_SURROGATE in text else text
-
-
-def _loads(text: str) -> Any:
-    return json.loads(_servable(text))
-
-
-def connect(path: Path) -> sqlite3.Connection:
-    """A connection to the studio's database as each store opens it (JobStore; files/'s
-    FileStore, on the same file): autocommit, so that every write transaction is an
-    explicit `BEGIN IMMEDIATE`; rows read by column name; a lock held by another
-    connection waited for up to 5 s rather than failing at once."""
-    db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
-    db.row_factory = sqlite3.Row
-    db.execute("PRAGMA busy_timeout=5000")
-    return db
-
-
 class JobStore:
     """Jobs and their events in SQLite. Every write passes `health.writing()`: one that
     fails for the storage's sake (a full disk, a read-only file system, a locked
@@ -237,15 +204,13 @@ class JobStore:
         if kind not in KINDS:
             raise ValueError(f"unknown job kind {kind!r} (kinds: {', '.join(KINDS)})")
         now = time.time()
-        data = _dumps(status)
+        data = stored_json(status)
         with self.health.writing(), self._db:
             self._db.execute("BEGIN IMMEDIATE")
-            seq = self._db.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM jobs").fetchone()[0]
-            self._db.execute(
-                "INSERT INTO jobs (id, seq, created_at, updated_at, phase, status_json, request_json,"
-                " output_dir, last_event_id, kind, owner) VALUES (?, ?, ?, ?, 'idle', ?, ?, ?, 1, ?, ?)",
-                (job_id, seq, now, now, data, _dumps(request), output_dir, kind, owner),
-            )
+            insert_next(self._db, "jobs", {
+                "id": job_id, "created_at": now, "updated_at": now, "phase": "idle", "status_json": data,
+                "request_json": stored_json(request), "output_dir": output_dir, "last_event_id": 1, "kind": kind,
+                "owner": owner})
             self._db.execute(
                 "INSERT INTO events (job_id, id, kind, data, created_at) VALUES (?, 1, 'status', ?, ?)",
                 (job_id, data, now),
@@ -267,7 +232,7 @@ class JobStore:
         """
         target = status["phase"]
         now = time.time()
-        data = _dumps(status)
+        data = stored_json(status)
         with self.health.writing(), self._db:
             self._db.execute("BEGIN IMMEDIATE")
             kind = self._kind_of(job_id)
@@ -280,7 +245,7 @@ class JobStore:
                 resets, guard = ", stop_requested = 0, pause_requested = 0, worker_pid = NULL", _PAUSED
             if request is not None:
                 resets += ", request_json = ?"
-                values.append(_dumps(request))
+                values.append(stored_json(request))
             row = self._db.execute(
                 f"UPDATE jobs SET phase = ?, status_json = ?, updated_at = ?, last_event_id = last_event_id + 1{resets}"  # noqa: S608 (placeholders only)
                 f" WHERE id = ? AND phase IN ({marks}){guard} RETURNING last_event_id",
@@ -305,7 +270,7 @@ class JobStore:
         """Record one step's metrics; only a job in a phase that has steps takes them
         (`training`; an export's merging, converting, quantizing), else None."""
         now = time.time()
-        data = _dumps(progress)
+        data = stored_json(progress)
         with self.health.writing(), self._db:
             self._db.execute("BEGIN IMMEDIATE")
             row = self._db.execute(
@@ -377,19 +342,19 @@ class JobStore:
             self._db.execute(
                 "INSERT INTO eval_results (eval_id, created_at, results_json) VALUES (?, ?, ?)"
                 " ON CONFLICT (eval_id) DO UPDATE SET created_at = excluded.created_at, results_json = excluded.results_json",
-                (eval_id, now, _dumps(results)),
+                (eval_id, now, stored_json(results)),
             )
             for count, row in enumerate(samples, start=1):
                 self._db.execute(
                     "INSERT INTO eval_samples (eval_id, seq, suite, idx, data_json) VALUES (?, ?, ?, ?, ?)",
-                    (eval_id, count, str(row.get("suite", "")), int(row.get("index", 0)), _dumps(row)),
+                    (eval_id, count, str(row.get("suite", "")), int(row.get("index", 0)), stored_json(row)),
                 )
         return count
 
     def eval_results(self, eval_id: str) -> Optional[dict[str, Any]]:
         """A finished evaluation's results as kept (None: none were kept)."""
         row = self._db.execute("SELECT results_json FROM eval_results WHERE eval_id = ?", (eval_id,)).fetchone()
-        return _loads(row[0]) if row is not None else None
+        return stored_value(row[0]) if row is not None else None
 
     def eval_samples(
         self, eval_id: str, suite: Optional[str] = None, offset: int = 0, limit: int = 100
@@ -404,7 +369,7 @@ class JobStore:
             f"SELECT data_json FROM eval_samples WHERE {where} ORDER BY seq LIMIT ? OFFSET ?",  # noqa: S608 (placeholders only)
             (*params, limit, offset),
         )
-        return [_loads(row[0]) for row in rows], total
+        return [stored_value(row[0]) for row in rows], total
 
     def probe_write(self) -> bool:
         """Write one small row: True when it got through (and the health is `ok` again),
@@ -459,8 +424,8 @@ class JobStore:
             raise JobNotFound(job_id)
         held = self._held.get(job_id)
         if held is not None:
-            return str(held["phase"]), _dumps(held)
-        return str(row[0]), _servable(str(row[1]))
+            return str(held["phase"]), stored_json(held)
+        return str(row[0]), stored_text(str(row[1]))
 
     def get_job(self, job_id: str, kind: Optional[str] = None) -> JobRecord:
         """The job; with `kind`, a job of another kind is not found."""
@@ -562,7 +527,7 @@ class JobStore:
             "SELECT id, kind, data FROM events WHERE job_id = ? AND id < ? ORDER BY id DESC LIMIT ?",
             (job_id, before_id if before_id is not None else 2**63 - 1, limit),
         )
-        return [StoredEvent(job_id, int(r[0]), str(r[1]), _servable(str(r[2]))) for r in rows]
+        return [StoredEvent(job_id, int(r[0]), str(r[1]), stored_text(str(r[2]))) for r in rows]
 
     def progress_at(self, job_id: str, step: int) -> Optional[dict[str, Any]]:
         """The job's progress event of optimizer step `step` (the latest, should there be two)."""
@@ -571,7 +536,7 @@ class JobStore:
             " ORDER BY id DESC LIMIT 1",
             (job_id, step),
         ).fetchone()
-        return _loads(row[0]) if row is not None else None
+        return stored_value(row[0]) if row is not None else None
 
     def events_after(
         self, job_id: str, after_id: int, limit: int = 1000, max_bytes: Optional[int] = None, row_overhead: int = 0
@@ -584,11 +549,11 @@ class JobStore:
             (job_id, after_id, limit),
         )
         if max_bytes is None:
-            return [StoredEvent(job_id, int(r[0]), str(r[1]), _servable(str(r[2]))) for r in rows]
+            return [StoredEvent(job_id, int(r[0]), str(r[1]), stored_text(str(r[2]))) for r in rows]
         page: list[StoredEvent] = []
         size = 0
         for row in rows:
-            page.append(StoredEvent(job_id, int(row[0]), str(row[1]), _servable(str(row[2]))))
+            page.append(StoredEvent(job_id, int(row[0]), str(row[1]), stored_text(str(row[2]))))
             size += len(row[2]) + row_overhead
             if size >= max_bytes:
                 break
@@ -605,9 +570,9 @@ def _record(row: sqlite3.Row) -> JobRecord:
         seq=row["seq"],
         created_at=row["created_at"],
         phase=row["phase"],
-        status=_loads(row["status_json"]),
-        progress=_loads(row["progress_json"]) if row["progress_json"] else None,
-        request=_loads(row["request_json"]),
+        status=stored_value(row["status_json"]),
+        progress=stored_value(row["progress_json"]) if row["progress_json"] else None,
+        request=stored_value(row["request_json"]),
         output_dir=row["output_dir"],
         worker_pid=row["worker_pid"],
         stop_requested=bool(row["stop_requested"]),

@@ -24,6 +24,7 @@ from typing import Any, Optional
 from finetune_studio.errors import InvalidTransition, SweepNotFound
 from finetune_studio.failures import StorageHealth
 from finetune_studio.jobs.phases import TERMINAL
+from finetune_studio.jobs.sql import insert_next, stored_json
 from finetune_studio.jobs.webhooks import WebhookTable
 
 MIGRATION = """
@@ -107,10 +108,6 @@ class TrialRecord:
                 "state": self.state, "steps": self.steps, "requeued": self.requeued}
 
 
-def _dumps(payload: Any) -> str:
-    return json.dumps(payload, separators=(",", ":"), allow_nan=False)
-
-
 class SweepTable:
     """The sweeps' tables on the job store's connection; every write is one transaction
     through `health.writing()`, as every write of the store is."""
@@ -125,15 +122,12 @@ class SweepTable:
     def create(self, sweep_id: str, spec: dict[str, Any], status: dict[str, Any]) -> tuple[int, str]:
         """Insert a sweep and its first status (event 1)."""
         now = time.time()
-        data = _dumps(status)
+        data = stored_json(status)
         with self.health.writing(), self._db:
             self._db.execute("BEGIN IMMEDIATE")
-            seq = self._db.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM sweeps").fetchone()[0]
-            self._db.execute(
-                "INSERT INTO sweeps (id, seq, created_at, updated_at, status, status_json, spec_json, last_event_id)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, 1)",
-                (sweep_id, seq, now, now, status["status"], data, _dumps(spec)),
-            )
+            insert_next(self._db, "sweeps", {
+                "id": sweep_id, "created_at": now, "updated_at": now, "status": status["status"], "status_json": data,
+                "spec_json": stored_json(spec), "last_event_id": 1})
             self._event(sweep_id, 1, "status", data, now)
             queued = self._webhooks.enqueue("sweep", sweep_id, {"phase": status["status"], "details": {}}, now, owner_name(spec))
         if queued:
@@ -143,7 +137,7 @@ class SweepTable:
     def set_status(self, sweep_id: str, status: dict[str, Any]) -> tuple[int, str]:
         """The sweep's new status, from any status but a terminal one (InvalidTransition)."""
         now = time.time()
-        data = _dumps(status)
+        data = stored_json(status)
         marks = ",".join("?" * len(TERMINAL))
         with self.health.writing(), self._db:
             self._db.execute("BEGIN IMMEDIATE")
@@ -168,7 +162,7 @@ class SweepTable:
             self._db.execute("BEGIN IMMEDIATE")
             self._db.execute(
                 "INSERT INTO sweep_trials (sweep_id, number, job_id, params_json, state) VALUES (?, ?, ?, ?, 'queued')",
-                (sweep_id, number, job_id, _dumps(params)),
+                (sweep_id, number, job_id, stored_json(params)),
             )
             return self._trial_event(sweep_id, number, "started", time.time())
 
@@ -215,7 +209,7 @@ class SweepTable:
             "UPDATE sweeps SET last_event_id = last_event_id + 1, updated_at = ? WHERE id = ? RETURNING last_event_id",
             (now, sweep_id),
         ).fetchone()
-        data = _dumps(payload)
+        data = stored_json(payload)
         self._event(sweep_id, row[0], "trial", data, now)
         return int(row[0]), data
 

@@ -30,6 +30,7 @@ from finetune_studio.errors import WebhookNotFound
 from finetune_studio.failures import StorageHealth
 from finetune_studio.jobs.accounts import seen_owner, sees
 from finetune_studio.jobs.phases import TERMINAL, openai_end
+from finetune_studio.jobs.sql import insert_next
 
 
 @dataclass(frozen=True)
@@ -194,11 +195,9 @@ class WebhookTable:
         owner = seen_owner()
         with self.health.writing(), self._db:
             self._db.execute("BEGIN IMMEDIATE")
-            seq = self._db.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM webhooks").fetchone()[0]
-            self._db.execute(
-                "INSERT INTO webhooks (id, seq, created_at, url, secret, events_json, owner) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (webhook_id, seq, now, url, secret, json.dumps(events), owner),
-            )
+            insert_next(self._db, "webhooks", {
+                "id": webhook_id, "created_at": now, "url": url, "secret": secret, "events_json": json.dumps(events),
+                "owner": owner})
         return WebhookRecord(webhook_id, now, url, events, None, None, owner)
 
     def all(self) -> list[WebhookRecord]:
@@ -267,12 +266,10 @@ class WebhookTable:
 
     def _insert(self, webhook_id: str, event_type: str, body: dict[str, Any], now: float) -> str:
         delivery_id = "msg_" + secrets.token_hex(12)
-        seq = self._db.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM webhook_deliveries").fetchone()[0]
-        self._db.execute(
-            "INSERT INTO webhook_deliveries (id, seq, webhook_id, event_type, payload, created_at, state, next_attempt_at)"
-            " VALUES (?, ?, ?, ?, ?, ?, 'pending', ?)",
-            (delivery_id, seq, webhook_id, event_type, json.dumps(body, separators=(",", ":")), now, now),
-        )
+        insert_next(self._db, "webhook_deliveries", {
+            "id": delivery_id, "webhook_id": webhook_id, "event_type": event_type,
+            "payload": json.dumps(body, separators=(",", ":")), "created_at": now, "state": "pending",
+            "next_attempt_at": now})
         return delivery_id
 
     def due(self, now: float, limit: int) -> list[DueDelivery]:

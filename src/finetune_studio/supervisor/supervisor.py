@@ -517,14 +517,8 @@ class Supervisor:
 
     async def stop_job(self, job_id: str) -> TrainingStatus:
         """Stop a training job (see the module docstring)."""
-        running, already = await self._stop(self.service.store.get_job(job_id, kind="train"))
-        return _stop_answer(
-            self.service.status_of(self.service.store.get_job(job_id)),
-            running,
-            already,
-            first="Stop requested; the job stops after its current step and saves what it trained",
-            again="A stop was already requested; the job stops after its current step",
-        )
+        return await self._stop_answered(job_id, "train", self.service.status_of,
+                                         "the job stops after its current step", " and saves what it trained")
 
     async def prune_job(self, job_id: str, step: int) -> None:
         """Stop a sweep's trial for its pruner: it saves what it trained and ends `stopped` with
@@ -536,14 +530,19 @@ class Supervisor:
 
     async def stop_eval(self, eval_id: str) -> EvalStatus:
         """Stop an evaluation: a queued one at once; a running one ends `stopped` (nothing of it is kept)."""
-        running, already = await self._stop(self.service.store.get_job(eval_id, kind="eval"))
-        return _stop_answer(
-            self.service.eval_status_of(self.service.store.get_job(eval_id)),
-            running,
-            already,
-            first="Stop requested; the evaluation stops after the request under way",
-            again="A stop was already requested; the evaluation stops after the request under way",
-        )
+        return await self._stop_answered(eval_id, "eval", self.service.eval_status_of,
+                                         "the evaluation stops after the request under way")
+
+    async def _stop_answered(self, job_id: str, kind: str, status_of: Callable[[JobRecord], _Status], what: str,
+                             first_only: str = "") -> _Status:
+        """Stop the job of `kind` and answer with its status: as it is when it was queued, else
+        what the stop will do (`what`, and `first_only` the first time it is asked)."""
+        running, already = await self._stop(self.service.store.get_job(job_id, kind=kind))
+        status = status_of(self.service.store.get_job(job_id))
+        if running:
+            status.message = f"A stop was already requested; {what}" if already else f"Stop requested; {what}{first_only}"
+            status.details = {**(status.details or {}), "stop_requested": True}
+        return status
 
     # -- evaluations ----------------------------------------------------------
 
@@ -600,14 +599,8 @@ class Supervisor:
 
     async def stop_export(self, export_id: str) -> ExportStatus:
         """Stop an export: a queued one at once; a running one ends `stopped` with its partial files removed."""
-        running, already = await self._stop(self.service.store.get_job(export_id, kind="export"))
-        return _stop_answer(
-            self.service.export_status_of(self.service.store.get_job(export_id)),
-            running,
-            already,
-            first="Stop requested; the export stops and removes its unfinished files",
-            again="A stop was already requested; the export stops and removes its unfinished files",
-        )
+        return await self._stop_answered(export_id, "export", self.service.export_status_of,
+                                         "the export stops and removes its unfinished files")
 
     async def _stop(self, job: JobRecord) -> tuple[bool, bool]:
         """Stop `job`: a queued one ends `stopped` at once; a running one is asked to stop.
@@ -740,16 +733,6 @@ async def _reap(handle: Optional[WorkerHandle]) -> None:
             await handle.wait()
     except Exception:  # noqa: BLE001 - nothing left to reap
         log.debug("reaping a worker failed", exc_info=True)
-
-
-def _stop_answer(status: _Status, running: bool, already: bool, *, first: str, again: str) -> _Status:
-    """What a stop request answers: the status as it is, when the job was queued (it is
-    `stopped` now); for a running one, what the stop will do (`first`, or `again` when a
-    stop had been asked of it before) and `details.stop_requested`."""
-    if running:
-        status.message = again if already else first
-        status.details = {**(status.details or {}), "stop_requested": True}
-    return status
 
 
 def _paused(details: Optional[dict[str, Any]]) -> tuple[str, dict[str, Any]]:
