@@ -236,6 +236,92 @@ def test_prompt_logprobs_prefilled_together_are_each_prompts_own(
             assert [top["id"] for top in entry["top_logprobs"]] == torch.topk(truth[j], 2).indices.tolist()
 
 
+# -- kept prompts (prefix.py) -----------------------------------------------------------
+
+
+def test_an_answer_whose_prompt_begins_as_a_scored_one_prefills_only_the_rest_and_answers_as_alone(
+    lively: Path, three_adapters: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A held-out row: the loss pass (the conversation with its reference answer, prompt logprobs,
+    # no new token), then the model's own answer to the conversation, whose prompt is its start.
+    scored = [*PROMPTS[2], {"role": "assistant", "content": "Hola, hola. Bonjour, bonjour."}]
+    fed: list[int] = []  # the tokens of each lone forward pass
+    original = LoadedModel.forward
+
+    def counting(model: LoadedModel, ids: list[int], *args: Any, **kwargs: Any) -> torch.Tensor:
+        fed.append(len(ids))
+        return original(model, ids, *args, **kwargs)
+
+    monkeypatch.setattr(LoadedModel, "forward", counting)
+    recorder = Recorder()
+    engine = recorder.engine
+    recorder.run(command("loss", lively, messages=scored, max_tokens=0, prompt_logprobs=True, logprobs=True))
+    assert len(engine.prefixes) == 1 and engine.prefixes.hits == 0
+    fed.clear()
+    answer = recorder.run(command("answer", lively, messages=PROMPTS[2], max_tokens=12))["answer"]
+
+    assert answer_of(answer) == reference(lively, None, PROMPTS[2], 12)
+    assert engine.prefixes.hits == 1 and engine.prefixes.reused_tokens == answer["prompt_tokens"] - 1
+    assert fed[0] == 1, "only the prompt's last token was prefilled; its start came from the loss pass"
+
+    # Another adapter's weights make other keys and values: nothing kept is used for it.
+    other = recorder.run(command("other", lively, three_adapters["one"], messages=PROMPTS[2], max_tokens=12))["other"]
+    assert answer_of(other) == reference(lively, three_adapters["one"], PROMPTS[2], 12)
+    assert engine.prefixes.hits == 1
+    # A conversation's next turn resends the last one: its start is the prompt kept from that turn.
+    turn = [*PROMPTS[2], {"role": "assistant", "content": answer["text"]}, {"role": "user", "content": "Again?"}]
+    again = recorder.run(command("again", lively, messages=turn, max_tokens=8))["again"]
+    assert answer_of(again) == reference(lively, None, turn, 8)
+    assert engine.prefixes.hits == 2
+
+    # What was kept for a model goes with it when it unloads.
+    engine.handle({"type": "unload"})
+    assert len(engine.prefixes) == 0 and engine.prefixes.bytes == 0
+    recorder.run(command("fresh", lively, messages=PROMPTS[0], max_tokens=2))
+    assert engine.prefixes.hits == 2 and len(engine.prefixes) == 1  # the fresh prompt only, of the model loaded again
+
+
+def test_kept_prompts_stay_within_their_bytes_and_the_longest_shared_start_of_the_same_model_is_found() -> None:
+    from types import SimpleNamespace
+
+    from finetune_studio.inference.prefix import PrefixCache
+
+    def cache(columns: int, rows: int = 1) -> Any:
+        layer = SimpleNamespace(keys=torch.randn(rows, 2, columns, 4), values=torch.randn(rows, 2, columns, 4))
+        return SimpleNamespace(layers=[layer, SimpleNamespace(**vars(layer))])
+
+    class Model:
+        pass
+
+    model, other = Model(), Model()
+    kept = PrefixCache(min_shared=4)
+    one = list(range(20))
+    kept.keep(model, None, one, cache(20))
+    size = kept.bytes
+    assert size == 2 * 2 * (2 * 20 * 4) * 4  # two layers, keys and values, fp32
+    kept.max_bytes = int(size * 2.5)
+    kept.keep(model, None, [*one[:10], 99, 98, 97], cache(13))
+    kept.keep(model, None, [7, 7, 7], cache(3))  # shorter than min_shared: not kept
+    assert len(kept) == 2
+
+    found = kept.longest(model, None, [*one[:15], 5, 5])
+    assert found is not None and found[0].tokens == tuple(one) and found[1] == 15  # the longer of the two shared starts
+    assert kept.longest(model, None, one)[1] == 19, "the last token is always prefilled"  # type: ignore[index]
+    assert kept.longest(model, "adapter", one) is None and kept.longest(other, None, one) is None
+    assert kept.longest(model, None, [1, 2, 3, 4, 5]) is None  # starts differently
+
+    # A row of a left-padded batch keeps its own columns; a third prompt pushes out the least recently used.
+    padded = cache(30, rows=2)
+    kept.keep(model, None, list(range(100, 120)), padded, row=1, pad=10)
+    assert len(kept) == 2 and kept.bytes <= kept.max_bytes
+    gone = kept.longest(model, None, [*one[:10], 99, 98, 97, 1])  # 13 shared with the one that went, 10 with the first
+    assert gone is not None and gone[0].tokens == tuple(one) and gone[1] == 10, "the least recently used went first"
+    newest = kept.longest(model, None, list(range(100, 125)))
+    assert newest is not None and torch.equal(newest[0].keys[0], padded.layers[0].keys[1:2, :, 10:30])
+    kept.forget([other])
+    assert len(kept) == 0 and kept.bytes == 0
+
+
 # -- leaving and waiting ----------------------------------------------------------------
 
 

@@ -112,9 +112,8 @@ class Heldout:
 
     def score_row(self, ctx: Context, model: str, tokenizer: Any, row: Row, with_loss: bool) -> Scores:
         scores = Scores()
-        if row.reference is not None:
-            scores.answer = ctx.api.chat(model, row.prompt, max_tokens=int(self.suite.get("max_new_tokens") or 128))
-            scores.scores.update(answer_scores(scores.answer, row.reference))
+        # The loss pass first: the answer's prompt is the start of the text it scores, which the
+        # chat child keeps, so the answer prefills only its last tokens (inference/prefix.py).
         if with_loss:
             text, spans = self.loss_spans(tokenizer, row)
             if spans:
@@ -124,6 +123,9 @@ class Heldout:
                     scores.scores.update(
                         loss=scores.nll / scores.tokens, tokens=float(scores.tokens), token_accuracy=scores.correct / scores.tokens
                     )
+        if row.reference is not None:
+            scores.answer = ctx.api.chat(model, row.prompt, max_tokens=int(self.suite.get("max_new_tokens") or 128))
+            scores.scores.update(answer_scores(scores.answer, row.reference))
         return scores
 
     @staticmethod

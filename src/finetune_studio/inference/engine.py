@@ -57,6 +57,7 @@ from finetune_studio.inference.batch import Batch, BatchedModel, prefill
 from finetune_studio.inference.chat_model import BaseKey, ChatModel
 from finetune_studio.inference.failures import RequestFailed
 from finetune_studio.inference.pool import ModelPool
+from finetune_studio.inference.prefix import Kept, PrefixCache, seed
 from finetune_studio.inference.sampling import make_generator, next_token
 from finetune_studio.inference.text import TextStream
 from finetune_studio.wire import MAX_TOP_LOGPROBS, ModelRef, TokenLogprob
@@ -199,6 +200,7 @@ class Engine:
         self.max_batch_size = max(1, max_batch_size)
         self._requests: dict[str, Request] = {}  # every unfinished request, in arrival order
         self._batches: dict[tuple[BaseKey, str], Batch] = {}  # per base and lane (ChatModel.batch_lane)
+        self.prefixes = PrefixCache()  # recent prompts' keys and values (prefix.py)
         # What the next `stats` line reports: tokens decoded and seconds spent in steps since the
         # last one, the widest step among them, and when the last one went.
         self._stats_tokens = 0
@@ -240,6 +242,7 @@ class Engine:
             self.cancel(str(command.get("id")))
         elif kind == "unload":
             self.pool.unload_all()
+            self._forget_unloaded()
         elif isinstance(command, dict) and isinstance(command.get("id"), str):
             self._failed(command["id"], RequestFailed("invalid_request", f"unknown command type {kind!r}"))
         else:
@@ -328,6 +331,12 @@ class Engine:
 
     def unload_idle(self) -> None:
         self.pool.unload_idle()
+        self._forget_unloaded()
+
+    def _forget_unloaded(self) -> None:
+        """Drop the kept prompts of models no longer loaded (their tensors would outlive them)."""
+        if len(self.prefixes):
+            self.prefixes.forget([entry for key in self.pool.loaded if (entry := self.pool.get(key)) is not None])
 
     def seconds_until_idle(self) -> Optional[float]:
         return self.pool.seconds_until_idle()
@@ -391,6 +400,9 @@ class Engine:
         budget = PREFILL_TOKENS_PER_STEP
         room = self.max_batch_size - self.running
         groups: dict[tuple[Any, ...], list[tuple[Request, list[int]]]] = {}
+        starts: dict[str, tuple[Kept, int]] = {}  # the requests that begin as a kept prompt, and how many tokens
+        if any(r.run is None for r in self._requests.values()):
+            self._forget_unloaded()  # a model the pool unloaded to load another
         for request in [r for r in self._requests.values() if r.run is None]:
             if budget <= 0 or room <= 0:
                 break
@@ -399,18 +411,23 @@ class Engine:
             except Exception as exc:  # noqa: BLE001 - one request's failure must not end the others
                 self._fail(request, _failure(exc))
                 continue
-            budget -= len(prompt)
             room -= 1
             run = _running(request)
             lane = run.entry.batch_lane(run.adapter)
-            # Apart: a model that does not batch, and a prompt whose every position's logits are wanted
-            # with one that wants the last only (those logits are the bulk of a long prompt's memory).
-            key = (request.id,) if lane is None else (run.entry.key, lane, request.params.prompt_logprobs)
+            start = None if lane is None or request.params.prompt_logprobs else self.prefixes.longest(
+                run.entry, request.adapter_folder, prompt)
+            budget -= len(prompt) - (start[1] if start is not None else 0)
+            # Apart: a model that does not batch, a prompt that begins as a kept one (prefilled on its
+            # copy), and a prompt whose every position's logits are wanted with one that wants the last
+            # only (those logits are the bulk of a long prompt's memory).
+            key = (request.id,) if lane is None or start is not None else (run.entry.key, lane, request.params.prompt_logprobs)
+            if start is not None:
+                starts[request.id] = start
             groups.setdefault(key, []).append((request, prompt))
         for group in groups.values():
             try:
                 if len(group) == 1:
-                    self._prefill_alone(*group[0])
+                    self._prefill_alone(*group[0], starts.get(group[0][0].id))
                 else:
                     self._prefill_together(group)
             except Exception as exc:  # noqa: BLE001 - the prefill's requests fail, the others go on
@@ -453,16 +470,23 @@ class Engine:
             return None
         return logits
 
-    def _prefill_alone(self, request: Request, prompt: list[int]) -> None:
-        """Prefill one prompt in a cache of its own, choose the first token, join the batch (if any)."""
+    def _prefill_alone(self, request: Request, prompt: list[int], start: Optional[tuple[Kept, int]] = None) -> None:
+        """Prefill one prompt in a cache of its own (on a copy of the kept prompt it begins as, `start`),
+        choose the first token, join the batch (if any)."""
         run = _running(request)
         entry = run.entry
+        lane = entry.batch_lane(run.adapter)
         cache = entry.new_cache(len(prompt) + run.max_tokens)
-        last = self._prefilled(request, prompt, entry.forward(prompt, cache, 0, run.adapter,
-                                                              all_positions=request.params.prompt_logprobs))
+        seen = 0
+        if start is not None:
+            seen = start[1]
+            seed(cache, start[0], seen)
+        logits = entry.forward(prompt[seen:], cache, seen, run.adapter, all_positions=request.params.prompt_logprobs)
+        if lane is not None:
+            self.prefixes.keep(entry, request.adapter_folder, prompt, cache)
+        last = self._prefilled(request, prompt, logits)
         if last is None:
             return
-        lane = entry.batch_lane(run.adapter)
         if lane is None:
             run.cache, run.seen = cache, len(prompt)
         tokens, described = self._choose([request], [run], last.view(1, -1))
@@ -479,9 +503,11 @@ class Engine:
         entry = runs[0].entry
         lane = cast(str, entry.batch_lane(runs[0].adapter))
         model = cast(BatchedModel, entry)
+        cache = entry.new_cache(0)
         rows, logits = prefill(model, [r.id for r in requests], [run.adapter for run in runs],
-                               [prompt for _, prompt in group], entry.new_cache(0),
-                               all_positions=requests[0].params.prompt_logprobs)
+                               [prompt for _, prompt in group], cache, all_positions=requests[0].params.prompt_logprobs)
+        for row, (request, prompt) in enumerate(group):
+            self.prefixes.keep(entry, request.adapter_folder, prompt, cache, row, rows.pads[row])
         going: list[int] = []  # the rows that go on after the prefill
         last: list[torch.Tensor] = []
         for row, (request, prompt) in enumerate(group):
