@@ -25,6 +25,23 @@ export function el(tag, props, ...children) {
   return node;
 }
 
+/** Show `lines` (strings), one div each, in `box`; `box` is hidden while there are none (null). */
+export function showLines(box, lines) {
+  box.hidden = !lines;
+  box.replaceChildren(...(lines || []).map((line) => el("div", line)));
+}
+
+/** A secret the server shows once: `text` and the `value` in a code element (`testid`) in `box`, hidden while none. */
+export function showOnce(box, text, value, testid) {
+  box.hidden = !value;
+  if (value) box.replaceChildren(text, el("code", { "data-testid": testid }, value));
+}
+
+/** `list` holds `items`, or one muted line `empty` when there are none. */
+export function fillList(list, items, empty) {
+  list.replaceChildren(...(items.length ? items : [el("li", { class: "muted" }, empty)]));
+}
+
 function isChild(value) {
   return typeof value === "string" || typeof value === "number" || value instanceof Node || Array.isArray(value);
 }

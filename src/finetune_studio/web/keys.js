@@ -5,7 +5,7 @@
 // next request feels. Every text from the server is put in the page as text, never as markup.
 
 import { api, ApiError } from "./api.js";
-import { el } from "./dom.js";
+import { el, fillList, showLines, showOnce } from "./dom.js";
 import { when } from "./format.js";
 import { renderScheduler } from "./schedule.js";
 
@@ -106,15 +106,10 @@ export class KeysPanel {
   }
 
   draw() {
-    this.errorBox.hidden = !this.error;
-    this.errorBox.replaceChildren(...(this.error || []).map((line) => el("div", line)));
-    this.madeBox.hidden = !this.made;
-    if (this.made) {
-      this.madeBox.replaceChildren("The new key, shown this once (copy it now; the server keeps only its hash): ",
-        el("code", { "data-testid": "key-secret" }, this.made.key));
-    }
-    const items = this.keys.map((key) => this.item(key));
-    this.list.replaceChildren(...(items.length ? items : [el("li", { class: "muted" }, "No API keys yet.")]));
+    showLines(this.errorBox, this.error);
+    showOnce(this.madeBox, "The new key, shown this once (copy it now; the server keeps only its hash): ",
+      this.made && this.made.key, "key-secret");
+    fillList(this.list, this.keys.map((key) => this.item(key)), "No API keys yet.");
   }
 
   item(key) {

@@ -5,7 +5,7 @@
 // Every text from the server is put in the page as text, never as markup.
 
 import { api, ApiError } from "./api.js";
-import { el } from "./dom.js";
+import { el, fillList, showLines, showOnce } from "./dom.js";
 import { when } from "./format.js";
 import { renderScheduler } from "./schedule.js";
 
@@ -154,15 +154,10 @@ export class WebhooksPanel {
   }
 
   draw() {
-    this.errorBox.hidden = !this.error;
-    this.errorBox.replaceChildren(...(this.error || []).map((line) => el("div", line)));
-    this.secretBox.hidden = !this.secret;
-    if (this.secret) {
-      this.secretBox.replaceChildren("Its signing secret, shown this once: ",
-        el("code", { "data-testid": "webhook-secret-value" }, this.secret.secret));
-    }
-    const items = this.hooks.map((hook) => this.item(hook));
-    this.list.replaceChildren(...(items.length ? items : [el("li", { class: "muted" }, "No webhooks yet.")]));
+    showLines(this.errorBox, this.error);
+    showOnce(this.secretBox, "Its signing secret, shown this once: ", this.secret && this.secret.secret,
+      "webhook-secret-value");
+    fillList(this.list, this.hooks.map((hook) => this.item(hook)), "No webhooks yet.");
   }
 
   item(hook) {
