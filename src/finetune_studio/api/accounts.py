@@ -107,14 +107,14 @@ class Accounts:
         found = self.table.lookup(given.decode("latin-1"))
         if found is None:
             return "unknown API key: send a key made by POST /auth/keys (or `finetune-studio users` for the first)"
-        record, admin = found
+        record, _, principal = found
         now = time.time()
         if record.revoked_at is not None:
             return f"API key {record.prefix}... was revoked: make a new one (POST /auth/keys)"
         if record.expires_at is not None and now >= record.expires_at:
             return f"API key {record.prefix}... has expired: make a new one (POST /auth/keys)"
         self.table.touch(record.id, now)
-        return _principal(record, admin)
+        return principal
 
     def authenticate_session(self, value: str) -> Principal | str:
         """The principal of a session cookie's value (every scope its user has), or why there is none."""
@@ -126,6 +126,8 @@ class Accounts:
 
     def blocked(self, address: str, account: Optional[str] = None) -> Optional[int]:
         """Seconds until `address` (and `account`, for a sign-in) may try again, or None when they may now."""
+        if not self._failures:  # the polling path: nobody has failed lately
+            return None
         waits = [wait for wait in (self._wait(address), self._wait(_account_bucket(account))) if wait is not None]
         return max(waits) if waits else None
 
@@ -213,10 +215,6 @@ def session_value(scope: Scope) -> Optional[str]:
             if found:
                 return found
     return None
-
-
-def _principal(record: KeyRecord, admin: bool) -> Principal:
-    return Principal(record.user, admin, frozenset(record.scopes), record.id, record.expires_at)
 
 
 _CODES = {401: "invalid_api_key", 403: "csrf_token_invalid", 429: "rate_limit_exceeded"}
