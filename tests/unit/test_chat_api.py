@@ -181,7 +181,7 @@ def test_a_client_that_leaves_while_waiting_is_cancelled_in_the_child(server: Ch
 
 @pytest.mark.parametrize(
     ("job", "says"),
-    [("hold", "is still running (phase training)"), ("fail", "failed and saved no model to serve (the data was bad)"),
+    [("hold", "is still running (phase training)"), ("fail", "failed (the data was bad) and saved no model to serve"),
      ("stopped-unsaved", "was stopped before it saved a model")],
 )
 def test_a_job_with_nothing_to_serve_is_404_saying_why(server: ChatServer, jobs: dict[str, str], job: str, says: str) -> None:

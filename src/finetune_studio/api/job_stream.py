@@ -1,5 +1,5 @@
 """One job's event stream and polled status as HTTP answers, for every kind of job
-(/train/stream and /train/status, /export/stream and /export/status).
+(/train, /export and /eval: status and stream, added to each router by `add_status_and_stream`).
 
 The events, their ids and their replay live in `JobService.stream`; this module
 turns a stream request into the answer: a cursor from `Last-Event-ID` (header or
@@ -12,10 +12,11 @@ from __future__ import annotations
 
 from typing import Annotated, Optional
 
-from fastapi import Header, Query, Response, status
-from fastapi.responses import JSONResponse
+from fastapi import APIRouter, Header, Path, Query, Request, Response, status
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel
 
-from finetune_studio.api.deps import ParamInt, Responses, Studio
+from finetune_studio.api.deps import ParamInt, Responses, Studio, StudioDep, studio_of
 from finetune_studio.api.streaming import BoundedEventStream
 from finetune_studio.bounds import MAX_SQL_INTEGER
 from finetune_studio.errors import PastLastEvent
@@ -122,3 +123,42 @@ def status_answer(studio: Studio, job_id: str, kind: JobKind) -> Response:
         # eval_after's evaluation is joined when read (jobs/evaluations.py).
         status_json = service.status_of(service.store.get_job(job_id)).model_dump_json()
     return Response(status_json, media_type="application/json")
+
+
+def add_status_and_stream(
+    router: APIRouter, kind: JobKind, id_name: str, noun: str, models: tuple[type[BaseModel], type[BaseModel]],
+    not_found: Responses, stream_doc: str,
+) -> None:
+    """A kind's two routes on its router, as every kind has them: `GET {prefix}/status/{id}`
+    (`status_answer`, the pollers' path) and `GET {prefix}/stream/{id}` (`open_event_stream`).
+    `id_name` names the path parameter, `noun` the object in the status route's doc, `models`
+    its status and progress, and the operations are `<name>_status` and `<name>_stream`,
+    `<name>` the status model's name less "Status"."""
+    status_path = f"{router.prefix}/status"
+    name = models[0].__name__.removesuffix("Status").lower()
+
+    async def read_status(request: Request, job_id: str = Path(alias=id_name)) -> Response:
+        return status_answer(studio_of(request), job_id, kind)
+
+    async def read_stream(
+        studio: StudioDep,
+        job_id: str = Path(alias=id_name),
+        last_event_id_header: LastEventIdHeader = None,
+        last_event_id: LastEventIdQuery = None,
+    ) -> Response:
+        job = studio.service.store.get_job(job_id, kind=kind)  # another kind's id is not found
+        return open_event_stream(job, studio, last_event_id_header, last_event_id, f"{status_path}/{job.id}")
+
+    router.add_api_route(
+        f"/status/{{{id_name}}}", read_status, methods=["GET"], name=f"{name}_status",
+        description=f"The {noun}'s current phase (for polling).", response_model=models[0], responses=not_found,
+    )
+    events = " and ".join(f"`{event}` ({_a(model.__name__)})" for event, model in zip(("status", "progress"), models, strict=True))
+    router.add_api_route(
+        f"/stream/{{{id_name}}}", read_stream, methods=["GET"], name=f"{name}_stream", description=stream_doc,
+        response_class=StreamingResponse, responses=stream_responses(f"Server-Sent Events: {events}", not_found),
+    )
+
+
+def _a(name: str) -> str:
+    return f"an {name}" if name[0] in "AEIOU" else f"a {name}"

@@ -26,11 +26,12 @@ from typing import Any, Optional
 
 from finetune_studio.errors import JobNotFound, ModelNotFound
 from finetune_studio.jobs.accounts import seen_owner
+from finetune_studio.jobs.phases import is_terminal
 from finetune_studio.jobs.store import JobRecord, JobStore
 from finetune_studio.openai_wire import Model
 from finetune_studio.wire import JobFolder, ModelRef
 
-_MODELS_HINT = "GET /v1/models lists what this server serves"
+MODELS_HINT = "GET /v1/models lists what this server serves"
 
 
 def export_models(store: JobStore) -> list[Model]:
@@ -135,19 +136,28 @@ def _name_a_file(store: JobStore, export: JobRecord) -> str:
     names = [f"{export.id}/{entry['name']}" for entry in _files(export) if _servable(store, export, entry) is not None]
     if names:
         return f"name one of its GGUF files: {', '.join(names)}"
-    return f"it has no GGUF file to chat with (export format gguf makes one); {_MODELS_HINT}"
+    return f"it has no GGUF file to chat with (export format gguf makes one); {MODELS_HINT}"
 
 
 def _not_completed(export: JobRecord) -> str:
-    status = f"(GET /export/status/{export.id})"
-    if export.phase == "idle":
-        return f"export {export.id} is queued: chat with its GGUF files once it has completed {status}"
-    if export.phase == "error":
-        reason = export.status.get("error") or "no reason was recorded"
-        return f"export {export.id} failed ({reason}) and has no files to serve; {_MODELS_HINT}"
     if export.phase == "stopped":
-        return f"export {export.id} was stopped before it finished, so it has no files to serve; {_MODELS_HINT}"
+        return f"export {export.id} was stopped before it finished, so it has no files to serve; {MODELS_HINT}"
+    return not_ready(export, "export", "files", f"/export/status/{export.id}") or f"export {export.id} has no files to serve"
+
+
+def not_ready(record: JobRecord, noun: str, what: str, status_path: str, running: str = "") -> Optional[str]:
+    """Why a job or an export (`noun`) that is queued, running or failed has no `what` to serve
+    (None once it has stopped or completed: what that means is the caller's); `running`
+    adds to what a running one's answer suggests. Chat's and the export files' one wording."""
+    polled = f"(GET {status_path})"
+    if record.phase == "idle":
+        return f"{noun} {record.id} is queued and has no {what} to serve yet: chat with it once it has completed {polled}"
+    if record.phase == "error":
+        reason = record.status.get("error") or "no reason was recorded"
+        return f"{noun} {record.id} failed ({reason}) and saved no {what} to serve; {MODELS_HINT}"
+    if is_terminal(record.phase):
+        return None
     return (
-        f"export {export.id} is still running (phase {export.phase}): chat with its GGUF files once it has completed"
-        f" {status}"
+        f"{noun} {record.id} is still running (phase {record.phase}) and has no {what} to serve yet: chat with it once"
+        f" it has completed{running} {polled}"
     )

@@ -38,7 +38,7 @@ from finetune_studio.api.openai_jobs import (
     fine_tuned_model_name,
     parse_model_name,
 )
-from finetune_studio.api.served_exports import export_models, resolve_export
+from finetune_studio.api.served_exports import MODELS_HINT, export_models, not_ready, resolve_export
 from finetune_studio.errors import JobNotFound, ModelNotFound
 from finetune_studio.jobs.accounts import seen_owner
 from finetune_studio.jobs.phases import RESULT_KEYS, has_result
@@ -46,8 +46,6 @@ from finetune_studio.jobs.store import JobRecord, JobStore
 from finetune_studio.openai_wire import Model
 from finetune_studio.schemas import BASE_MODEL_PREFIX, OPENAI_JOB
 from finetune_studio.wire import JobFolder, ModelRef
-
-_MODELS_HINT = "GET /v1/models lists what this server serves"
 
 
 def served_models(store: JobStore) -> list[Model]:
@@ -97,11 +95,11 @@ def _base_of_job(store: JobStore, model_id: str) -> ModelRef:
     try:
         job = store.get_visible(job_id, kind="train")
     except JobNotFound:
-        raise ModelNotFound(f"the model {model_id!r} names job {job_id!r}, which does not exist; {_MODELS_HINT}") from None
+        raise ModelNotFound(f"the model {model_id!r} names job {job_id!r}, which does not exist; {MODELS_HINT}") from None
     if not JobFolder(Path(job.output_dir)).job_file.is_file():
         raise ModelNotFound(
             f"job {job.id} has not loaded its base model yet (it is {job.phase}), so {model_id!r} names nothing to serve;"
-            f" {_MODELS_HINT}"
+            f" {MODELS_HINT}"
         )
     record = _job_file(job)
     return {"base": _base_of(job, record), "adapter": None, "trust_remote_code": bool(record.get("trust_remote_code", False))}
@@ -112,11 +110,11 @@ def _fine_tuned(store: JobStore, model_id: str, named: ModelName) -> ModelRef:
     try:
         job = store.get_visible(named.job_id)
     except JobNotFound:
-        raise ModelNotFound(f"the model {model_id!r} names job {named.job_id!r}, which does not exist; {_MODELS_HINT}") from None
+        raise ModelNotFound(f"the model {model_id!r} names job {named.job_id!r}, which does not exist; {MODELS_HINT}") from None
     own = fine_tuned_model_name(job)
     expected = own if named.step is None else checkpoint_model_name(job, named.step)
     if model_id != expected:
-        raise ModelNotFound(f"the model {model_id!r} is not a name of job {job.id} (its model is {own}); {_MODELS_HINT}")
+        raise ModelNotFound(f"the model {model_id!r} is not a name of job {job.id} (its model is {own}); {MODELS_HINT}")
     if named.step is None:
         return resolve_model(store, job.id)
     folder = checkpoint_folder(job, named.step)
@@ -144,22 +142,14 @@ def _output(job: JobRecord) -> Optional[tuple[str, Path]]:
 
 
 def _nothing_to_serve(job: JobRecord) -> str:
-    status = f"(GET /train/status/{job.id})"
-    if job.phase == "idle":
-        return f"job {job.id} is queued and has no model to serve yet: chat with it once it has completed {status}"
-    if job.phase == "error":
-        reason = job.status.get("error") or "no reason was recorded"
-        return f"job {job.id} failed and saved no model to serve ({reason}); {_MODELS_HINT}"
+    answer = not_ready(job, "job", "model", f"/train/status/{job.id}", running=", or stop it and chat with what it saved")
+    if answer is not None:
+        return answer
     details = job.status.get("details") or {}
-    if job.phase in ("completed", "stopped"):
-        named = details.get("adapter_dir") or details.get("model_dir")
-        if named:
-            return f"job {job.id}'s saved model {named} is no longer there; {_MODELS_HINT}"
-        return f"job {job.id} was {job.phase} before it saved a model, so there is nothing to serve; {_MODELS_HINT}"
-    return (
-        f"job {job.id} is still running (phase {job.phase}) and has no model to serve yet: chat with it once it has"
-        f" completed, or stop it and chat with what it saved {status}"
-    )
+    named = details.get("adapter_dir") or details.get("model_dir")
+    if named:
+        return f"job {job.id}'s saved model {named} is no longer there; {MODELS_HINT}"
+    return f"job {job.id} was {job.phase} before it saved a model, so there is nothing to serve; {MODELS_HINT}"
 
 
 def _job_file(job: JobRecord) -> dict[str, Any]:
@@ -193,9 +183,9 @@ def _base_model(store: JobStore, name: str) -> ModelRef:
     if used:
         raise ModelNotFound(
             f"the base model {name!r} has not been loaded by any job yet (its jobs are queued or failed before loading"
-            f" it); {_MODELS_HINT}"
+            f" it); {MODELS_HINT}"
         )
     raise ModelNotFound(
         f"the model {name!r} does not exist: name a finished job's id, or the model_name of a job's base model;"
-        f" {_MODELS_HINT}"
+        f" {MODELS_HINT}"
     )

@@ -36,7 +36,7 @@ from finetune_studio.errors import FileNotFound, FileTooLarge
 from finetune_studio.files.checks import STUDIO_SUFFIXES, FileFacts, check_file
 from finetune_studio.files.preference import write_dpo_rows
 from finetune_studio.jobs.accounts import acting_owner, sees
-from finetune_studio.jobs.sql import connect, insert_next
+from finetune_studio.jobs.sql import connect, insert_next, matching
 
 _COPY_CHUNK = 1024 * 1024
 DPO_SUFFIX = ".dpo.jsonl"
@@ -160,13 +160,8 @@ class FileStore:
     ) -> tuple[list[StoredFile], bool]:
         """A page of files (and whether more follow), after the file `after` in the order asked;
         with `owner`, only that user's."""
-        query, params = "SELECT * FROM files WHERE 1 = 1", []
-        if owner is not None:
-            query += " AND owner = ?"
-            params.append(owner)
-        if purpose is not None:
-            query += " AND purpose = ?"
-            params.append(purpose)
+        where, params = matching({"owner": owner, "purpose": purpose})
+        query = f"SELECT * FROM files WHERE {where}"  # noqa: S608 (placeholders only)
         if after is not None:
             # The cursor is looked up among the files the caller may see: another user's file id
             # is as unknown as one that never existed (no existence oracle through `after`).

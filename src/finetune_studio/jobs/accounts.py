@@ -38,7 +38,7 @@ from argon2.exceptions import InvalidHashError, VerificationError
 
 from finetune_studio.errors import Refused, StudioError
 from finetune_studio.failures import StorageHealth
-from finetune_studio.jobs.sql import insert_next
+from finetune_studio.jobs.sql import insert_next, matching
 
 # The one list of scopes a key can hold (api/scopes.py maps every route to one of them).
 SCOPES: tuple[str, ...] = ("read", "train", "chat", "files", "admin")
@@ -359,10 +359,9 @@ class AccountTable:
 
     def keys(self, user: Optional[str] = None) -> list[KeyRecord]:
         """The keys not revoked (of `user`, or of everyone), newest first."""
-        query, params = "SELECT * FROM api_keys WHERE revoked_at IS NULL", []
-        if user is not None:
-            query, params = query + " AND user_name = ?", [user]
-        return [_key(row) for row in self._db.execute(query + " ORDER BY seq DESC", params)]
+        where, params = matching({"user_name": user}, "revoked_at IS NULL")
+        query = f"SELECT * FROM api_keys WHERE {where} ORDER BY seq DESC"  # noqa: S608 (placeholders only)
+        return [_key(row) for row in self._db.execute(query, params)]
 
     def revoke_key(self, key_id: str) -> KeyRecord:
         self._forget()

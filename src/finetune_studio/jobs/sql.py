@@ -47,6 +47,14 @@ def connect(path: Path) -> sqlite3.Connection:
     return db
 
 
+def matching(equal: dict[str, Any], *always: str) -> tuple[str, list[Any]]:
+    """A WHERE clause and its parameters: each of `always` (conditions fixed by the caller), then
+    `column = ?` for each entry of `equal` whose value is not None (None: any value). The one way
+    a list's filters (owner, kind, purpose, ...) become SQL; the column names are the caller's own."""
+    terms = [*always, *(f"{column} = ?" for column, value in equal.items() if value is not None)]
+    return " AND ".join(terms) or "1 = 1", [value for value in equal.values() if value is not None]
+
+
 def insert_next(db: sqlite3.Connection, table: str, row: dict[str, Any]) -> int:
     """Insert `row` into `table` as its newest: `seq`, the order every list is paged in, one
     past the highest. The one way a numbered row is added (jobs, sweeps, files, users, keys,

@@ -25,7 +25,7 @@ from finetune_studio.failures import StorageHealth
 from finetune_studio.jobs.accounts import MIGRATION as ACCOUNTS_MIGRATION
 from finetune_studio.jobs.accounts import SESSIONS_MIGRATION, AccountTable, acting_owner, sees
 from finetune_studio.jobs.phases import KINDS, PROGRESS_PHASES, TERMINAL, allowed_from
-from finetune_studio.jobs.sql import connect, insert_next, stored_json, stored_text, stored_value
+from finetune_studio.jobs.sql import connect, insert_next, matching, stored_json, stored_text, stored_value
 from finetune_studio.jobs.sweeps import MIGRATION as SWEEPS_MIGRATION
 from finetune_studio.jobs.sweeps import SweepTable
 from finetune_studio.jobs.webhooks import MIGRATION as WEBHOOKS_MIGRATION
@@ -360,10 +360,7 @@ class JobStore:
         self, eval_id: str, suite: Optional[str] = None, offset: int = 0, limit: int = 100
     ) -> tuple[list[dict[str, Any]], int]:
         """A page of an evaluation's per-sample rows (of one suite, or of all in order), and how many there are."""
-        where, params = "eval_id = ?", [eval_id]
-        if suite is not None:
-            where += " AND suite = ?"
-            params.append(suite)
+        where, params = matching({"eval_id": eval_id, "suite": suite})
         total = int(self._db.execute(f"SELECT COUNT(*) FROM eval_samples WHERE {where}", params).fetchone()[0])  # noqa: S608 (placeholders only)
         rows = self._db.execute(
             f"SELECT data_json FROM eval_samples WHERE {where} ORDER BY seq LIMIT ? OFFSET ?",  # noqa: S608 (placeholders only)
@@ -447,16 +444,9 @@ class JobStore:
     ) -> list[JobRecord]:
         """Jobs of `kind` (None: every kind), newest first; with `exported_job`, only
         the exports of that training job; with `owner`, only that user's."""
-        query, params = "SELECT * FROM jobs WHERE 1 = 1", []
-        if kind is not None:
-            query, params = query + " AND kind = ?", [kind]
-        if owner is not None:
-            query += " AND owner = ?"
-            params.append(owner)
-        if exported_job is not None:
-            query += " AND json_extract(request_json, '$.job_id') = ?"
-            params.append(exported_job)
-        return [self._record(row) for row in self._db.execute(query + " ORDER BY seq DESC", params)]
+        where, params = matching({"kind": kind, "owner": owner, "json_extract(request_json, '$.job_id')": exported_job})
+        query = f"SELECT * FROM jobs WHERE {where} ORDER BY seq DESC"  # noqa: S608 (placeholders only)
+        return [self._record(row) for row in self._db.execute(query, params)]
 
     def phase_counts(self) -> dict[tuple[str, str], int]:
         """How many jobs are in each (kind, phase): for /metrics."""

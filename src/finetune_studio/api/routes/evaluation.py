@@ -21,17 +21,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
-from fastapi import APIRouter, Query, Request, Response, status
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi import APIRouter, Query, Response, status
+from fastapi.responses import JSONResponse
 
 from finetune_studio.api.accounts import AuthorizedRoute
-from finetune_studio.api.deps import ParamInt, Responses, StudioDep, studio_of
+from finetune_studio.api.deps import ParamInt, Responses, StudioDep
 from finetune_studio.api.job_stream import (
-    LastEventIdHeader,
-    LastEventIdQuery,
-    open_event_stream,
-    status_answer,
-    stream_responses,
+    add_status_and_stream,
 )
 from finetune_studio.api.served_models import resolve_model
 from finetune_studio.config import Settings, roots_named, within
@@ -43,6 +39,7 @@ from finetune_studio.schemas import (
     MAX_EVAL_SAMPLE_PAGE,
     EvalJobResponse,
     EvalList,
+    EvalProgress,
     EvalResults,
     EvalSamplePage,
     EvalSampleRow,
@@ -243,26 +240,10 @@ async def _eval(eval_id: str, studio: StudioDep) -> JobRecord:
     return studio.service.store.get_job(eval_id, kind="eval")  # another kind's id is no evaluation: 404
 
 
-@router.get("/status/{eval_id}", response_model=EvalStatus, responses=_NOT_FOUND)
-async def eval_status(eval_id: str, request: Request) -> Response:
-    """The evaluation's current phase (for polling)."""
-    return status_answer(studio_of(request), eval_id, "eval")
-
-
-@router.get(
-    "/stream/{eval_id}",
-    response_class=StreamingResponse,
-    responses=stream_responses("Server-Sent Events: `status` (an EvalStatus) and `progress` (an EvalProgress)", _NOT_FOUND),
+add_status_and_stream(
+    router, "eval", "eval_id", "evaluation", (EvalStatus, EvalProgress), _NOT_FOUND,
+    "Every status and progress event of the evaluation, exactly as GET /train/stream/{id} sends a job's.",
 )
-async def eval_stream(
-    eval_id: str,
-    studio: StudioDep,
-    last_event_id_header: LastEventIdHeader = None,
-    last_event_id: LastEventIdQuery = None,
-) -> Response:
-    """Every status and progress event of the evaluation, exactly as GET /train/stream/{id} sends a job's."""
-    evaluation = await _eval(eval_id, studio)
-    return open_event_stream(evaluation, studio, last_event_id_header, last_event_id, f"/eval/status/{eval_id}")
 
 
 @router.post("/stop/{eval_id}", responses={**_NOT_FOUND, status.HTTP_409_CONFLICT: {"description": "The evaluation has finished"}})

@@ -13,18 +13,14 @@ import base64
 from pathlib import Path, PurePosixPath
 from typing import Annotated, Any, Optional
 
-from fastapi import APIRouter, Query, Request, Response, status
-from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
+from fastapi import APIRouter, Query, Response, status
+from fastapi.responses import FileResponse, JSONResponse
 
 from finetune_studio import llama_build
 from finetune_studio.api.accounts import AuthorizedRoute
-from finetune_studio.api.deps import ExportDep, Responses, StudioDep, studio_of
+from finetune_studio.api.deps import ExportDep, Responses, StudioDep
 from finetune_studio.api.job_stream import (
-    LastEventIdHeader,
-    LastEventIdQuery,
-    open_event_stream,
-    status_answer,
-    stream_responses,
+    add_status_and_stream,
 )
 from finetune_studio.api.ranges import FileDownload
 from finetune_studio.errors import JobNotFound
@@ -37,6 +33,7 @@ from finetune_studio.schemas import (
     ExportFile,
     ExportJobResponse,
     ExportList,
+    ExportProgress,
     ExportStartRequest,
     ExportStatus,
 )
@@ -153,29 +150,12 @@ async def start_export(request: ExportStartRequest, studio: StudioDep) -> Respon
     )
 
 
-@router.get("/status/{export_id}", response_model=ExportStatus, responses=_NOT_FOUND)
-async def export_status(export_id: str, request: Request) -> Response:
-    """The export's current phase (for polling)."""
-    return status_answer(studio_of(request), export_id, "export")
-
-
-@router.get(
-    "/stream/{export_id}",
-    response_class=StreamingResponse,
-    responses=stream_responses(
-        "Server-Sent Events: `status` (an ExportStatus) and `progress` (an ExportProgress)", _NOT_FOUND
-    ),
+add_status_and_stream(
+    router, "export", "export_id", "export", (ExportStatus, ExportProgress), _NOT_FOUND,
+    "Every status and progress event of the export as Server-Sent Events, exactly as GET /train/stream/{id} sends a"
+    " training job's: replay after `Last-Event-ID`, live until the terminal status, keep-alive comments while nothing"
+    " happens.",
 )
-async def export_stream(
-    export: ExportDep,
-    studio: StudioDep,
-    last_event_id_header: LastEventIdHeader = None,
-    last_event_id: LastEventIdQuery = None,
-) -> Response:
-    """Every status and progress event of the export as Server-Sent Events, exactly as
-    GET /train/stream/{id} sends a training job's: replay after `Last-Event-ID`, live
-    until the terminal status, keep-alive comments while nothing happens."""
-    return open_event_stream(export, studio, last_event_id_header, last_event_id, f"/export/status/{export.id}")
 
 
 @router.post("/stop/{export_id}", responses={**_NOT_FOUND, status.HTTP_409_CONFLICT: {"description": "The export has finished"}})

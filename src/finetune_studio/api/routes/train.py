@@ -6,19 +6,14 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Optional, Union
 
-from fastapi import APIRouter, Request, Response, status
-from fastapi.responses import StreamingResponse
+from fastapi import APIRouter, Response, status
 from pydantic import BaseModel, ConfigDict, Field
 
 from finetune_studio.api.accounts import AuthorizedRoute
 from finetune_studio.api.admission import check_start
-from finetune_studio.api.deps import JobDep, Responses, Studio, StudioDep, studio_of
+from finetune_studio.api.deps import JobDep, Responses, Studio, StudioDep
 from finetune_studio.api.job_stream import (
-    LastEventIdHeader,
-    LastEventIdQuery,
-    open_event_stream,
-    status_answer,
-    stream_responses,
+    add_status_and_stream,
 )
 from finetune_studio.api.routes.evaluation import check_suites
 from finetune_studio.errors import JobNotFinished, JobNotFound, QueueFull, StartRefused, StorageFailed
@@ -97,12 +92,6 @@ def check_owner_limits(studio: Studio, request: TrainingStartRequest) -> None:
             raise StartRefused(f"resume_from_checkpoint: {exc}", field="resume_from_checkpoint") from None
 
 
-@router.get("/status/{job_id}", response_model=TrainingStatus, responses=_NOT_FOUND)
-async def training_status(job_id: str, request: Request) -> Response:
-    """The job's current phase (for polling)."""
-    return status_answer(studio_of(request), job_id, "train")
-
-
 @router.get(
     "/progress/{job_id}",
     response_model=TrainingProgress,
@@ -115,31 +104,18 @@ async def training_progress(job: JobDep) -> Union[TrainingProgress, Response]:
     return TrainingProgress.model_validate(job.progress)
 
 
-@router.get(
-    "/stream/{job_id}",
-    response_class=StreamingResponse,
-    responses=stream_responses(
-        "Server-Sent Events: `status` (a TrainingStatus) and `progress` (a TrainingProgress)", _NOT_FOUND
-    ),
+_STREAM_DOC = (
+    "Every status and progress event of the job as Server-Sent Events"
+    " (`event: status|progress`, `data: <JSON>`, `id: <event id>`).\n\n"
+    "Replays the events after `Last-Event-ID` (header or query), follows live, and"
+    " closes after the terminal status; a comment line comes every 15 s while nothing"
+    " happens. A `Last-Event-ID` past the job's last event is a 416 that names the last"
+    " event id. Each event is encoded once for all clients, and each client gets all"
+    " the events it is behind on in one write (up to 64 KiB). A client that stops"
+    " reading is dropped after `stream_stall_seconds` (it reconnects with"
+    " Last-Event-ID); a job holds at most `max_streams_per_job` streams (503 beyond)."
 )
-async def training_stream(
-    job: JobDep,
-    studio: StudioDep,
-    last_event_id_header: LastEventIdHeader = None,
-    last_event_id: LastEventIdQuery = None,
-) -> Response:
-    """Every status and progress event of the job as Server-Sent Events
-    (`event: status|progress`, `data: <JSON>`, `id: <event id>`).
-
-    Replays the events after `Last-Event-ID` (header or query), follows live, and
-    closes after the terminal status; a comment line comes every 15 s while nothing
-    happens. A `Last-Event-ID` past the job's last event is a 416 that names the last
-    event id. Each event is encoded once for all clients, and each client gets all
-    the events it is behind on in one write (up to 64 KiB). A client that stops
-    reading is dropped after `stream_stall_seconds` (it reconnects with
-    Last-Event-ID); a job holds at most `max_streams_per_job` streams (503 beyond).
-    """
-    return open_event_stream(job, studio, last_event_id_header, last_event_id, f"/train/status/{job.id}")
+add_status_and_stream(router, "train", "job_id", "job", (TrainingStatus, TrainingProgress), _NOT_FOUND, _STREAM_DOC)
 
 
 @router.post("/stop/{job_id}", responses={**_NOT_FOUND, status.HTTP_409_CONFLICT: {"description": "The job has finished"}})
