@@ -39,7 +39,7 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from finetune_studio.api.auth import under_prefixes
-from finetune_studio.api.deps import Studio, studio_of
+from finetune_studio.api.deps import Studio
 from finetune_studio.api.openai_errors import is_openai_path
 from finetune_studio.api.origin import SAFE_METHODS
 from finetune_studio.api.scopes import OPEN_PATHS, OPEN_ROUTES, scope_of
@@ -268,7 +268,11 @@ class AccountGuard:
             await _refusal(path, 429, message, {"Retry-After": str(wait)})(scope, receive, send)
             return
         # A key wins over the cookie: a page of another site cannot send an Authorization header.
-        header = next((value for name, value in scope["headers"] if name == b"authorization"), b"")
+        header = b""
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                header = value
+                break
         cookie = None if header else session_value(scope)
         principal = accounts.authenticate(header) if cookie is None else accounts.authenticate_session(cookie)
         if isinstance(principal, str):
@@ -366,41 +370,49 @@ OWNED_PARAMS: dict[str, tuple[Callable[[Studio, str], Optional[str]], Callable[[
 }
 
 
-def authorize(principal: Principal, request: Request, template: str) -> None:
-    """The route's scope, and the owner of each id in its path: StudioError (403 Forbidden, or the
-    404 of an unknown id for another user's object) when `principal` may not go on."""
-    needed = scope_of(request.method, template)
+_OwnedParam = tuple[str, tuple[Callable[[Studio, str], Optional[str]], Callable[[str], StudioError]]]
+
+
+def authorize(
+    principal: Principal, request: Request, template: str, needed: Optional[str], owned: tuple[_OwnedParam, ...]
+) -> None:
+    """The route's scope (`needed`, for the request's method: ROUTE_SCOPES), and the owner of each
+    id in its path (`owned`: its parameters that OWNED_PARAMS knows): StudioError (403 Forbidden,
+    or the 404 of an unknown id for another user's object) when `principal` may not go on."""
     if needed is None:
         raise StudioError(f"{request.method} {template} has no scope in api/scopes.py ROUTE_SCOPES: the server refuses it")
     if needed not in principal.scopes or (needed == "admin" and not principal.admin):
         held = ", ".join(sorted(principal.scopes))
         raise Forbidden(f"this key lacks the {needed!r} scope that {request.method} {template} needs (its scopes: {held})")
-    if principal.admin:
+    if principal.admin or not owned:
         return
-    studio = studio_of(request)
-    for name, value in request.path_params.items():
-        owned = OWNED_PARAMS.get(name)
-        if owned is None:
-            continue
-        owner = owned[0](studio, str(value))
+    scope = request.scope
+    studio: Studio = scope["app"].state.studio
+    params = scope["path_params"]
+    for name, (owner_of, unknown) in owned:
+        value = str(params[name])
+        owner = owner_of(studio, value)
         if owner is not None and not principal.sees(owner or None):
-            raise owned[1](str(value))
+            raise unknown(value)
 
 
 class AuthorizedRoute(APIRoute):
     """The route class of every API router: with accounts on (a principal set by the guard), its
-    handler first asks `authorize`. A wrapper rather than a dependency: the polling path stays one
-    call from its handler, with no dependency to solve; with no principal (single-user mode) it
-    costs one context-variable read."""
+    handler first asks `authorize`, with the route's scopes and owned parameters found once, when
+    the route is made. A wrapper rather than a dependency: the polling path stays one call from
+    its handler, with no dependency to solve; with no principal (single-user mode) it costs one
+    context-variable read."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
         template = self.path
+        needs = {method: scope_of(method, template) for method in (*(self.methods or ()), "HEAD")}
+        owned = tuple((name, OWNED_PARAMS[name]) for name in self.param_convertors if name in OWNED_PARAMS)
 
         async def authorized(request: Request) -> Response:
             principal = ACTING.get()
             if principal is not None:
-                authorize(principal, request, template)
+                authorize(principal, request, template, needs.get(request.scope["method"]), owned)
             return await handler(request)
 
         return authorized

@@ -50,6 +50,9 @@ SHOWN_PREFIX = len(KEY_PREFIX) + 8
 SECRET_BYTES = 32
 # A key's `last_used_at` is written at most this often (a write per request would cost every poll).
 LAST_USED_EVERY_SECONDS = 60.0
+# How long what `lookup` keeps is trusted before it asks SQLite whether another process (the
+# CLI's `users remove`) changed the file: a change made through this server is seen at once.
+OTHER_WRITERS_SECONDS = 0.05
 # secrets.token_urlsafe's argument: bytes of randomness in a session's cookie (at least 32, as a key's).
 SESSION_BYTES = 32
 # How long a sign-in lasts: then the page asks for the password again.
@@ -270,11 +273,14 @@ class AccountTable:
         self._hasher = PasswordHasher()  # argon2id with the library's recommended costs
         # key id -> when its last_used_at was last written (see LAST_USED_EVERY_SECONDS).
         self._touched: dict[str, float] = {}
-        # What `lookup` found, by digest: valid while neither this table changed a key or a user
+        # What `lookup` found, by the key itself (held in this process's memory only, as each
+        # request holds it; never stored): valid while neither this table changed a key or a user
         # (`_forget`) nor another process committed to the file (SQLite's data_version moves only
-        # then: the CLI's `users remove`, say), so a revocation holds from the next request on.
+        # then: the CLI's `users remove`, say), asked at most once an OTHER_WRITERS_SECONDS, so a
+        # revocation holds from the next request on (another process's within that time).
         self._found: dict[str, tuple[KeyRecord, bool, Principal]] = {}
         self._data_version = -1
+        self._version_asked = -OTHER_WRITERS_SECONDS
 
     def digest(self, key: str) -> str:
         return hmac.digest(self._secret, key.encode(), "sha256").hex()  # hmac.new(...).hexdigest(), in one C call
@@ -375,27 +381,29 @@ class AccountTable:
 
     def lookup(self, key: str) -> Optional[tuple[KeyRecord, bool, Principal]]:
         """The key's record, whether its user is an admin, and the principal it makes (one HMAC and
-        one indexed read, cached), or None for a key no row holds. Revoked and expired keys are
+        one indexed read, kept), or None for a key no row holds. Revoked and expired keys are
         returned: the caller says why."""
-        digest = self.digest(key)
-        version = self._db.execute("PRAGMA data_version").fetchone()[0]
-        if version != self._data_version:
-            self._forget()
-            self._data_version = version
-        found = self._found.get(digest)
+        now = time.monotonic()
+        if now - self._version_asked >= OTHER_WRITERS_SECONDS:
+            self._version_asked = now
+            version = self._db.execute("PRAGMA data_version").fetchone()[0]
+            if version != self._data_version:
+                self._forget()
+                self._data_version = version
+        found = self._found.get(key)
         if found is not None:
             return found
         row = self._db.execute(
             "SELECT api_keys.*, users.is_admin FROM api_keys JOIN users ON users.name = api_keys.user_name"
             " WHERE digest = ?",
-            (digest,),
+            (self.digest(key),),
         ).fetchone()
         if row is None:  # not kept: a made-up key must not grow the cache
             return None
         if len(self._found) >= MAX_CACHED_KEYS:
             self._found.clear()
         record, admin = _key(row), bool(row["is_admin"])
-        found = self._found[digest] = (record, admin, Principal(record.user, admin, frozenset(record.scopes), record.id,
+        found = self._found[key] = (record, admin, Principal(record.user, admin, frozenset(record.scopes), record.id,
                                                                 record.expires_at))
         return found
 
