@@ -1,6 +1,6 @@
 """A sweep on a real Ray cluster (docs/API.md, Sweeps; issue 29, item 4): with `max_parallel: 2`
-its trials run side by side on the cluster. The cluster is test_ray.py's: two nodes of one CPU
-each on 127.0.0.1, and a real server using it; each trial asks for one worker of one CPU, so
+its trials run side by side on the cluster. The cluster is tests/helpers/ray_cluster.py's: two nodes of one
+CPU each on 127.0.0.1, and a real server using it; each trial asks for one worker of one CPU, so
 the cluster holds two at once.
 
 Side by side is seen, not inferred from timings: the test watches both trials' statuses until,
@@ -13,6 +13,7 @@ is tests/unit/test_sweep_study.py's."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,26 +21,30 @@ import pytest
 
 from tests.helpers.jobs import collect, job_request, phases
 from tests.helpers.polling import wait_for
+from tests.helpers.ray_cluster import Cluster, ray_server, two_node_cluster
 
 pytest.importorskip("ray", reason="the Ray tests need finetune-studio[ray]")
 pytest.importorskip("optuna", reason="sweeps need finetune-studio[sweep]")
 
-from tests.integration import test_ray  # noqa: E402 - after the skips: it imports ray's helpers
-
 pytestmark = [pytest.mark.train, pytest.mark.slow]
 STEPS = 5000  # far longer than a worker's start-up: the sweep is stopped once both are seen training
-cluster = test_ray.cluster  # test_ray.py's 2-node cluster fixture, started for this module
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    with two_node_cluster(tmp_path_factory.mktemp("ray-logs")) as started:
+        yield started
 
 
 def on_the_cluster(client: Any, job_id: str) -> bool:
     """The trial's worker, placed by Ray, is training: phase `training` and at least one step done."""
     status = client.http.get(f"/train/status/{job_id}").json()
     progress = client.http.get(f"/train/progress/{job_id}")
-    return status["phase"] == "training" and progress.status_code == 200 and progress.json()["step"] > 0
+    return bool(status["phase"] == "training" and progress.status_code == 200 and progress.json()["step"] > 0)
 
 
-def test_two_trials_run_side_by_side_on_the_ray_cluster(cluster: test_ray.Cluster, start_server: Any, tiny_model: Path) -> None:
-    server = test_ray.ray_server(start_server, cluster.address, max_failures=0)
+def test_two_trials_run_side_by_side_on_the_ray_cluster(cluster: Cluster, start_server: Any, tiny_model: Path) -> None:
+    server = ray_server(start_server, cluster.address, max_failures=0)
     request = job_request(tiny_model, max_steps=STEPS, num_workers=1, resources_per_worker={"CPU": 1})
     body = {"request": request, "space": {"learning_rate": {"type": "categorical", "choices": [1e-3, 1e-2]}},
             "objective": {"metric": "train_loss"}, "trials": 2, "max_parallel": 2, "sampler": "grid"}

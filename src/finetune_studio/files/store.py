@@ -36,7 +36,7 @@ from finetune_studio.errors import FileNotFound, FileTooLarge
 from finetune_studio.files.checks import STUDIO_SUFFIXES, FileFacts, check_file
 from finetune_studio.files.preference import write_dpo_rows
 from finetune_studio.jobs.accounts import acting_owner, sees
-from finetune_studio.jobs.sql import connect, insert_next, matching
+from finetune_studio.jobs.sql import connect, insert_next, matching, record
 
 _COPY_CHUNK = 1024 * 1024
 DPO_SUFFIX = ".dpo.jsonl"
@@ -205,12 +205,5 @@ def _copy(source: BinaryIO, target: Path, max_bytes: int, filename: str) -> int:
 
 
 def _stored(row: sqlite3.Row) -> StoredFile:
-    return StoredFile(
-        id=row["id"],
-        created_at=row["created_at"],
-        purpose=row["purpose"],
-        filename=row["filename"],
-        bytes=row["bytes"],
-        path=Path(row["path"]),
-        facts=FileFacts.from_json(json.loads(row["facts_json"])),
-    )
+    return record(StoredFile, row, path=lambda row: Path(row["path"]),
+                  facts=lambda row: FileFacts.from_json(json.loads(row["facts_json"])))

@@ -38,7 +38,7 @@ from argon2.exceptions import InvalidHashError, VerificationError
 
 from finetune_studio.errors import Refused, StudioError
 from finetune_studio.failures import StorageHealth
-from finetune_studio.jobs.sql import insert_next, matching
+from finetune_studio.jobs.sql import insert_next, matching, record
 
 # The one list of scopes a key can hold (api/scopes.py maps every route to one of them).
 SCOPES: tuple[str, ...] = ("read", "train", "chat", "files", "admin")
@@ -485,8 +485,4 @@ class AccountTable:
 
 
 def _key(row: sqlite3.Row) -> KeyRecord:
-    return KeyRecord(
-        id=row["id"], user=row["user_name"], name=row["name"], prefix=row["prefix"],
-        scopes=tuple(json.loads(row["scopes_json"])), created_at=row["created_at"], expires_at=row["expires_at"],
-        last_used_at=row["last_used_at"], revoked_at=row["revoked_at"],
-    )
+    return record(KeyRecord, row, user=lambda row: row["user_name"], scopes=lambda row: tuple(json.loads(row["scopes_json"])))

@@ -1,14 +1,21 @@
 """The studio's SQLite file as every store opens and writes it (jobs/store.py's JobStore and
 the tables it holds beside the jobs: sweeps, webhooks, accounts; files/store.py's FileStore):
-the connection's settings, the one way a payload becomes stored JSON, and the one way a
-numbered row is added. Plain Python: no FastAPI, no torch."""
+the connection's settings, the one way a payload becomes stored JSON, the one way a
+numbered row is added, and the one way a row becomes a record. Plain Python: no FastAPI, no torch."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sqlite3
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+    Record = TypeVar("Record", bound=DataclassInstance)
 
 from finetune_studio.text import clean
 
@@ -65,3 +72,22 @@ def insert_next(db: sqlite3.Connection, table: str, row: dict[str, Any]) -> int:
     marks = ", ".join("?" * (len(row) + 1))
     db.execute(f"INSERT INTO {table} ({columns}) VALUES ({marks})", (seq, *row.values()))  # noqa: S608 - our names
     return seq
+
+
+def record(kind: type[Record], row: sqlite3.Row, **read: Callable[[sqlite3.Row], Any]) -> Record:
+    """`kind` (a frozen dataclass) made from `row`: each field is the column of its name, or what
+    `read[field](row)` makes of the row where the column differs (JSON, a flag, another name).
+    The one way a stored row becomes a record (jobs, files, keys, sweeps, trials, webhooks)."""
+    return kind(**{field.name: read[field.name](row) if field.name in read else row[field.name]
+                   for field in dataclasses.fields(kind)})
+
+
+def as_bool(column: str) -> Callable[[sqlite3.Row], bool]:
+    """A `record` reader: an INTEGER 0/1 column as a bool."""
+    return lambda row: bool(row[column])
+
+
+def as_json(column: str) -> Callable[[sqlite3.Row], Any]:
+    """A `record` reader: a JSON column as its value."""
+    return lambda row: json.loads(row[column])
+

@@ -25,7 +25,16 @@ from finetune_studio.failures import StorageHealth
 from finetune_studio.jobs.accounts import MIGRATION as ACCOUNTS_MIGRATION
 from finetune_studio.jobs.accounts import SESSIONS_MIGRATION, AccountTable, acting_owner, sees
 from finetune_studio.jobs.phases import KINDS, PROGRESS_PHASES, TERMINAL, allowed_from
-from finetune_studio.jobs.sql import connect, insert_next, matching, stored_json, stored_text, stored_value
+from finetune_studio.jobs.sql import (
+    as_bool,
+    connect,
+    insert_next,
+    matching,
+    record,
+    stored_json,
+    stored_text,
+    stored_value,
+)
 from finetune_studio.jobs.sweeps import MIGRATION as SWEEPS_MIGRATION
 from finetune_studio.jobs.sweeps import SweepTable
 from finetune_studio.jobs.webhooks import MIGRATION as WEBHOOKS_MIGRATION
@@ -555,19 +564,9 @@ def _float(value: Any) -> Optional[float]:
 
 
 def _record(row: sqlite3.Row) -> JobRecord:
-    return JobRecord(
-        id=row["id"],
-        seq=row["seq"],
-        created_at=row["created_at"],
-        phase=row["phase"],
-        status=stored_value(row["status_json"]),
-        progress=stored_value(row["progress_json"]) if row["progress_json"] else None,
-        request=stored_value(row["request_json"]),
-        output_dir=row["output_dir"],
-        worker_pid=row["worker_pid"],
-        stop_requested=bool(row["stop_requested"]),
-        last_event_id=row["last_event_id"],
-        kind=row["kind"],
-        pause_requested=bool(row["pause_requested"]),
-        owner=row["owner"],
+    return record(
+        JobRecord, row, status=lambda row: stored_value(row["status_json"]),
+        progress=lambda row: stored_value(row["progress_json"]) if row["progress_json"] else None,
+        request=lambda row: stored_value(row["request_json"]), stop_requested=as_bool("stop_requested"),
+        pause_requested=as_bool("pause_requested"),
     )

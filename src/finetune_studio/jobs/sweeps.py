@@ -15,7 +15,6 @@ Plain Python (the standard library); used from the server's event loop thread on
 
 from __future__ import annotations
 
-import json
 import sqlite3
 import time
 from dataclasses import dataclass
@@ -24,7 +23,7 @@ from typing import Any, Optional
 from finetune_studio.errors import InvalidTransition, SweepNotFound
 from finetune_studio.failures import StorageHealth
 from finetune_studio.jobs.phases import TERMINAL
-from finetune_studio.jobs.sql import insert_next, stored_json
+from finetune_studio.jobs.sql import as_bool, as_json, insert_next, record, stored_json
 from finetune_studio.jobs.webhooks import WebhookTable
 
 MIGRATION = """
@@ -261,15 +260,9 @@ class SweepTable:
 
 
 def _sweep(row: sqlite3.Row) -> SweepRecord:
-    return SweepRecord(
-        id=row["id"], created_at=row["created_at"], status=row["status"], status_json=json.loads(row["status_json"]),
-        spec=json.loads(row["spec_json"]), last_event_id=row["last_event_id"],
-    )
+    return record(SweepRecord, row, status_json=as_json("status_json"), spec=as_json("spec_json"))
 
 
 def _trial(row: sqlite3.Row) -> TrialRecord:
-    return TrialRecord(
-        sweep_id=row["sweep_id"], number=row["number"], job_id=row["job_id"], params=json.loads(row["params_json"]),
-        state=row["state"], value=row["value"], steps=row["steps"], counted=bool(row["counted"]),
-        requeued=bool(row["requeued"]), prune_at=row["prune_at"], interrupted=bool(row["interrupted"]),
-    )
+    return record(TrialRecord, row, params=as_json("params_json"), counted=as_bool("counted"), requeued=as_bool("requeued"),
+                  interrupted=as_bool("interrupted"))

@@ -30,7 +30,7 @@ from finetune_studio.errors import WebhookNotFound
 from finetune_studio.failures import StorageHealth
 from finetune_studio.jobs.accounts import seen_owner, sees
 from finetune_studio.jobs.phases import TERMINAL, openai_end
-from finetune_studio.jobs.sql import insert_next
+from finetune_studio.jobs.sql import as_json, insert_next, record
 
 
 @dataclass(frozen=True)
@@ -373,7 +373,4 @@ class WebhookTable:
 
 
 def _webhook(row: sqlite3.Row) -> WebhookRecord:
-    return WebhookRecord(
-        id=row["id"], created_at=row["created_at"], url=row["url"], events=json.loads(row["events_json"]),
-        disabled_at=row["disabled_at"], disabled_reason=row["disabled_reason"], owner=row["owner"],
-    )
+    return record(WebhookRecord, row, events=as_json("events_json"))

@@ -25,6 +25,27 @@ export function el(tag, props, ...children) {
   return node;
 }
 
+/**
+ * A panel that makes things the server shows a secret of once (keys.js, webhooks.js), put in `root`:
+ * a form of `fields` and a submit button (`button`: its text and test id) that calls `submit()`,
+ * then a box for a refusal's lines (`${name}-error`), one for the secret (`secretId`), and the list
+ * (`${name}-list`, read out as `label`). Returns { addButton, errorBox, secretBox, list }.
+ */
+export function secretPanel(root, { name, fields, button: [text, buttonId], secretId, label, submit }) {
+  const parts = {
+    addButton: el("button", { type: "submit", class: "btn btn-small btn-primary", "data-testid": buttonId }, text),
+    errorBox: el("div", { class: "alert alert-error", "data-testid": `${name}-error`, role: "alert", hidden: true }),
+    secretBox: el("p", { class: "webhook-secret", "data-testid": secretId, role: "status", hidden: true }),
+    list: el("ul", { class: "webhook-list", "data-testid": `${name}-list`, "aria-label": label }),
+  };
+  const form = el("form", { class: "webhook-form", "data-testid": `${name}-form`, novalidate: true, onsubmit: (event) => {
+    event.preventDefault();
+    submit();
+  } }, fields, parts.addButton);
+  root.append(form, parts.errorBox, parts.secretBox, parts.list);
+  return parts;
+}
+
 /** Show `lines` (strings), one div each, in `box`; `box` is hidden while there are none (null). */
 export function showLines(box, lines) {
   box.hidden = !lines;

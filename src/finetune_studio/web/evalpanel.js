@@ -14,8 +14,7 @@ import * as fmt from "./format.js";
 import { isServable } from "./jobs.js";
 import { evalHash } from "./route.js";
 import { BASE_MODEL_PREFIX } from "./rules.js";
-import { FollowedJobs } from "./followed.js";
-import { renderScheduler } from "./schedule.js";
+import { RunPanel } from "./followed.js";
 
 /** The suites the form asks for: a heldout suite for a data file, an lm_eval one for task names. */
 export function formSuites(data, tasks, limit, maxTokens) {
@@ -28,23 +27,14 @@ export function formSuites(data, tasks, limit, maxTokens) {
   return suites;
 }
 
-export class EvalPanel {
+export class EvalPanel extends RunPanel {
   constructor(jobRoot, { jobs }) {
-    this.jobs = jobs;
-    this.jobId = null;
-    // eval id -> { status, progress, stream }, each followed while it runs
-    this.evals = new FollowedJobs("eval", (item, event) => {
+    // eval id -> { status, progress }, each followed while it runs
+    super(jobRoot, "eval", (item, event) => {
       if (event.kind === "progress") item.progress = event.data;
       this.schedule();
-    });
-    this.loaded = null;
-    this.busy = false;
-    this.error = null; // { lines, field } of a refused start
-    this.schedule = renderScheduler(() => this.draw());
-    this.root = this.build();
-    const anchor = jobRoot.querySelector(".export-panel") || jobRoot.querySelector(".alerts");
-    if (anchor) anchor.after(this.root);
-    else jobRoot.append(this.root);
+    }, { after: [".export-panel", ".alerts"] });
+    this.jobs = jobs;
   }
 
   build() {
@@ -72,33 +62,14 @@ export class EvalPanel {
       this.afterTraining, this.form, this.errorBox, this.list);
   }
 
-  show(jobId) {
-    if (jobId === this.jobId) return;
-    this.evals.clear();
-    this.jobId = jobId;
-    this.loaded = null;
-    this.error = null;
-    this.drawnKey = null;
-    this.list.replaceChildren();
-  }
-
-  hide() {
-    this.evals.clear();
-    this.jobId = null;
-    this.root.hidden = true;
-  }
-
   /** Called by the job view on each render: the run's phase, its status, and its status as the job list has it. */
   render(phase, status, listed) {
     this.status = listed && listed.details && listed.details.eval ? listed : status;
     const servable = isServable(status);
-    const shown = this.jobId != null && (servable || this.evals.size > 0 || Boolean(this.summary()));
+    const shown = this.jobId != null && (servable || this.followed.size > 0 || Boolean(this.summary()));
     this.root.hidden = !shown;
     this.form.hidden = !servable;
-    if (this.jobId != null && fmt.TERMINAL.has(phase) && this.loaded !== this.jobId) {
-      this.loaded = this.jobId;
-      this.load(this.jobId);
-    }
+    if (fmt.TERMINAL.has(phase)) this.loadOnce();
     this.schedule();
   }
 
@@ -108,23 +79,18 @@ export class EvalPanel {
     return details.eval || null;
   }
 
-  async load(jobId) {
-    try {
-      const answer = await api("eval/jobs");
-      if (jobId !== this.jobId) return;
-      const mine = new Set([jobId, `${BASE_MODEL_PREFIX}${jobId}`]);
-      for (const status of answer.data.slice().reverse()) {
-        if (((status.details || {}).models || []).some((model) => mine.has(model))) this.track(status);
-      }
-    } catch {
-      if (jobId === this.jobId) this.loaded = null; // asked again on a later render (a token may come)
-      return;
-    }
-    this.schedule();
+  listPath() {
+    return "eval/jobs";
+  }
+
+  /** An evaluation that compares the run or its base. */
+  belongs(jobId, status) {
+    const mine = [jobId, `${BASE_MODEL_PREFIX}${jobId}`];
+    return ((status.details || {}).models || []).some((model) => mine.includes(model));
   }
 
   track(status) {
-    return this.evals.track(status.eval_id, status, () => ({ progress: null }));
+    return this.followed.track(status.eval_id, status, () => ({ progress: null }));
   }
 
   async start() {
@@ -178,7 +144,7 @@ export class EvalPanel {
       else input.removeAttribute("aria-invalid");
     }
     // Redrawn only when what they show changed: a link under the pointer stays put.
-    const items = this.evals.newestFirst();
+    const items = this.followed.newestFirst();
     const key = JSON.stringify([this.summary(), items.map(([id, item]) => [id, item.status, item.progress])]);
     if (key === this.drawnKey) return;
     this.drawnKey = key;

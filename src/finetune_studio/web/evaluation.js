@@ -42,13 +42,9 @@ export class EvalView {
     this.root = root;
     this.jobs = jobs;
     this.evalId = null;
-    this.status = null;
-    this.progress = null;
-    this.results = null;
-    this.problem = null; // a text: the evaluation or its results could not be read
     this.stream = null;
-    this.stopping = false;
     this.list = [];
+    this.forget();
     this.schedule = renderScheduler(() => this.render());
     this.rows = new EvalRows({ jobs, schedule: this.schedule });
     this.build();
@@ -85,15 +81,20 @@ export class EvalView {
     if (evalId === this.evalId) return;
     this.close();
     this.evalId = evalId;
-    this.status = null;
-    this.progress = null;
-    this.results = null;
-    this.problem = null;
-    this.stopping = false;
+    this.forget();
     this.tableBox.replaceChildren();
     this.rows.hide();
     this.load(evalId);
     this.schedule();
+  }
+
+  /** What was known of the evaluation shown before. */
+  forget() {
+    this.status = null;
+    this.progress = null;
+    this.results = null;
+    this.problem = null; // a text: the evaluation or its results could not be read
+    this.stopping = false;
   }
 
   hide() {

@@ -11,8 +11,7 @@
 import { api, ApiError, authHeaders } from "./api.js";
 import { el } from "./dom.js";
 import { bytes, errorHeadline, phaseLabel, TERMINAL } from "./format.js";
-import { FollowedJobs } from "./followed.js";
-import { renderScheduler } from "./schedule.js";
+import { RunPanel } from "./followed.js";
 
 const FORMATS = [
   ["gguf", "GGUF: llama.cpp, Ollama, LM Studio"],
@@ -46,20 +45,11 @@ async function downloadWithToken(path, filename) {
   setTimeout(() => URL.revokeObjectURL(url), 60_000);
 }
 
-export class ExportPanel {
+export class ExportPanel extends RunPanel {
   constructor(jobRoot) {
-    this.jobId = null;
+    // export id -> { status, stages: {stage: progress}, percent, ... }, each followed while it runs
+    super(jobRoot, "export", (item, event) => this.onEvent(item, event));
     this.hasAdapter = true;
-    // export id -> { status, stages: {stage: progress}, percent, stream, ... }, each followed while it runs
-    this.exports = new FollowedJobs("export", (item, event) => this.onEvent(item, event));
-    this.loaded = null; // the job whose exports were loaded
-    this.schedule = renderScheduler(() => this.draw()); // draw() at most once a frame
-    this.error = null; // { headline, lines } of a refused start
-    this.busy = false;
-    this.root = this.build();
-    const anchor = jobRoot.querySelector(".alerts");
-    if (anchor) anchor.after(this.root);
-    else jobRoot.append(this.root);
   }
 
   build() {
@@ -103,22 +93,6 @@ export class ExportPanel {
     }
   }
 
-  /** Show the panel's part of a job: its exports are loaded when it is one that can be exported. */
-  show(jobId) {
-    if (jobId === this.jobId) return;
-    this.exports.clear();
-    this.jobId = jobId;
-    this.loaded = null;
-    this.error = null;
-    this.list.replaceChildren();
-  }
-
-  hide() {
-    this.exports.clear();
-    this.jobId = null;
-    this.root.hidden = true;
-  }
-
   /** Called by the job view on each render with the training job's phase and status. */
   render(phase, status) {
     const details = (status && status.details) || {};
@@ -134,27 +108,16 @@ export class ExportPanel {
       this.format.value = "gguf";
       this.renderChoices();
     }
-    if (this.loaded !== this.jobId) {
-      this.loaded = this.jobId;
-      this.load(this.jobId);
-    }
+    this.loadOnce();
   }
 
-  async load(jobId) {
-    try {
-      const answer = await api(`export/jobs?job_id=${encodeURIComponent(jobId)}`);
-      if (jobId !== this.jobId) return;
-      for (const status of answer.data.slice().reverse()) this.track(status);
-    } catch (error) {
-      if (jobId === this.jobId) this.loaded = null; // try again on a later render (a token may come)
-      return;
-    }
-    this.schedule();
+  listPath(jobId) {
+    return `export/jobs?job_id=${encodeURIComponent(jobId)}`;
   }
 
   /** Remember an export and follow it while it runs. */
   track(status) {
-    return this.exports.track(status.export_id, status, () => ({ stages: {}, percent: null, copied: null, downloadError: null }));
+    return this.followed.track(status.export_id, status, () => ({ stages: {}, percent: null, copied: null, downloadError: null }));
   }
 
   onEvent(item, event) {
@@ -199,7 +162,7 @@ export class ExportPanel {
     try {
       await api(`export/stop/${encodeURIComponent(exportId)}`, { method: "POST" });
     } catch (error) {
-      const item = this.exports.get(exportId);
+      const item = this.followed.get(exportId);
       if (item) item.downloadError = error instanceof ApiError ? error.lines.join(" ") : String(error.message || error);
       this.schedule();
     }
@@ -213,7 +176,7 @@ export class ExportPanel {
       this.errorBox.replaceChildren(el("strong", this.error.headline),
         ...this.error.lines.map((line) => el("div", line)));
     }
-    const items = this.exports.newestFirst();
+    const items = this.followed.newestFirst();
     this.list.replaceChildren(...items.map(([id, item]) => this.drawItem(id, item)));
   }
 

@@ -1,8 +1,10 @@
 // The jobs of one kind that a panel lists (a run's exports, its evaluations), each followed by
 // its event stream (sse.js: the same ids and replay as a training job's) until its terminal
-// status: export.js and evalpanel.js.
+// status; and RunPanel, what the run view's panels of them share: export.js and evalpanel.js.
 
+import { api } from "./api.js";
 import { TERMINAL } from "./format.js";
+import { renderScheduler } from "./schedule.js";
 import { JobStream } from "./sse.js";
 
 export class FollowedJobs {
@@ -52,5 +54,69 @@ export class FollowedJobs {
   clear() {
     for (const item of this.items.values()) if (item.stream) item.stream.close();
     this.items.clear();
+  }
+}
+
+/**
+ * A panel of a run's view that lists jobs of one kind made from the run, and follows each while
+ * it runs. A subclass gives `build()` (the panel's element, with `this.list` in it), `draw()`,
+ * `listPath(jobId)` (the list route), `track(status)` and, where the list holds others' jobs too,
+ * `belongs(jobId, status)`.
+ */
+export class RunPanel {
+  /** `prefix`: the jobs' routes ("export", "eval"); `onEvent` as FollowedJobs's. */
+  constructor(jobRoot, prefix, onEvent, { after = [".alerts"] } = {}) {
+    this.jobId = null;
+    this.followed = new FollowedJobs(prefix, onEvent);
+    this.loaded = null; // the run whose jobs were loaded
+    this.busy = false;
+    this.error = null; // what a refused start said
+    this.drawnKey = null; // what draw() last drew, for a panel that redraws only on a change
+    this.schedule = renderScheduler(() => this.draw()); // draw() at most once a frame
+    this.root = this.build();
+    const anchor = after.map((selector) => jobRoot.querySelector(selector)).find(Boolean);
+    if (anchor) anchor.after(this.root);
+    else jobRoot.append(this.root);
+  }
+
+  /** Show the panel's part of run `jobId`; its jobs are loaded by the first `loadOnce()`. */
+  show(jobId) {
+    if (jobId === this.jobId) return;
+    this.followed.clear();
+    this.jobId = jobId;
+    this.loaded = null;
+    this.error = null;
+    this.drawnKey = null;
+    this.list.replaceChildren();
+  }
+
+  hide() {
+    this.followed.clear();
+    this.jobId = null;
+    this.root.hidden = true;
+  }
+
+  /** Load the shown run's jobs, the first time this is called for it. */
+  loadOnce() {
+    if (this.jobId == null || this.loaded === this.jobId) return;
+    this.loaded = this.jobId;
+    this.load(this.jobId);
+  }
+
+  async load(jobId) {
+    let answer;
+    try {
+      answer = await api(this.listPath(jobId));
+    } catch {
+      if (jobId === this.jobId) this.loaded = null; // asked again on a later render (a token may come)
+      return;
+    }
+    if (jobId !== this.jobId) return;
+    for (const status of answer.data.slice().reverse()) if (this.belongs(jobId, status)) this.track(status);
+    this.schedule();
+  }
+
+  belongs() {
+    return true;
   }
 }

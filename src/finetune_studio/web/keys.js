@@ -5,7 +5,7 @@
 // next request feels. Every text from the server is put in the page as text, never as markup.
 
 import { api, ApiError } from "./api.js";
-import { el, fillList, showLines, showOnce } from "./dom.js";
+import { el, fillList, secretPanel, showLines, showOnce } from "./dom.js";
 import { when } from "./format.js";
 import { renderScheduler } from "./schedule.js";
 
@@ -36,17 +36,11 @@ export class KeysPanel {
     this.scopes = el("fieldset", { class: "webhook-events", "data-testid": "key-scopes" }, el("legend", "Scopes"), boxes);
     this.days = el("input", { id: "key-days", "data-testid": "key-days", type: "number", min: "1", max: "3650", step: "1",
       inputmode: "numeric", placeholder: "never" });
-    this.addButton = el("button", { type: "submit", class: "btn btn-small btn-primary", "data-testid": "key-create" }, "Create key");
-    this.errorBox = el("div", { class: "alert alert-error", "data-testid": "key-error", role: "alert", hidden: true });
-    this.madeBox = el("p", { class: "webhook-secret", "data-testid": "key-made", role: "status", hidden: true });
-    this.list = el("ul", { class: "webhook-list", "data-testid": "key-list", "aria-label": "API keys" });
-    const form = el("form", { class: "webhook-form", "data-testid": "key-form", novalidate: true, onsubmit: (event) => {
-      event.preventDefault();
-      this.create();
-    } },
-    el("label", { class: "field", for: "key-name" }, "Name"), this.name, this.scopes,
-    el("label", { class: "field", for: "key-days" }, "Expires after (days; empty: never)"), this.days, this.addButton);
-    this.root.append(form, this.errorBox, this.madeBox, this.list);
+    Object.assign(this, secretPanel(this.root, {
+      name: "key", button: ["Create key", "key-create"], secretId: "key-made", label: "API keys", submit: () => this.create(),
+      fields: [el("label", { class: "field", for: "key-name" }, "Name"), this.name, this.scopes,
+        el("label", { class: "field", for: "key-days" }, "Expires after (days; empty: never)"), this.days],
+    }));
   }
 
   refused(error) {
@@ -107,7 +101,7 @@ export class KeysPanel {
 
   draw() {
     showLines(this.errorBox, this.error);
-    showOnce(this.madeBox, "The new key, shown this once (copy it now; the server keeps only its hash): ",
+    showOnce(this.secretBox, "The new key, shown this once (copy it now; the server keeps only its hash): ",
       this.made && this.made.key, "key-secret");
     fillList(this.list, this.keys.map((key) => this.item(key)), "No API keys yet.");
   }

@@ -5,7 +5,7 @@
 // Every text from the server is put in the page as text, never as markup.
 
 import { api, ApiError } from "./api.js";
-import { el, fillList, showLines, showOnce } from "./dom.js";
+import { el, fillList, secretPanel, showLines, showOnce } from "./dom.js";
 import { when } from "./format.js";
 import { renderScheduler } from "./schedule.js";
 
@@ -46,16 +46,10 @@ export class WebhooksPanel {
     this.url = el("input", { id: "webhook-url", "data-testid": "webhook-url", type: "url", required: true, spellcheck: "false",
       placeholder: "https://example.com/hooks" });
     this.events = el("fieldset", { class: "webhook-events", "data-testid": "webhook-events" }, el("legend", "Events"));
-    this.addButton = el("button", { type: "submit", class: "btn btn-small btn-primary", "data-testid": "webhook-add" }, "Add webhook");
-    this.errorBox = el("div", { class: "alert alert-error", "data-testid": "webhook-error", role: "alert", hidden: true });
-    this.secretBox = el("p", { class: "webhook-secret", "data-testid": "webhook-secret", role: "status", hidden: true });
-    this.list = el("ul", { class: "webhook-list", "data-testid": "webhook-list", "aria-label": "Webhooks" });
-    const form = el("form", { class: "webhook-form", "data-testid": "webhook-form", novalidate: true, onsubmit: (event) => {
-      event.preventDefault();
-      this.add();
-    } },
-    el("label", { class: "field", for: "webhook-url" }, "URL"), this.url, this.events, this.addButton);
-    this.root.append(form, this.errorBox, this.secretBox, this.list);
+    Object.assign(this, secretPanel(this.root, {
+      name: "webhook", button: ["Add webhook", "webhook-add"], secretId: "webhook-secret", label: "Webhooks", submit: () => this.add(),
+      fields: [el("label", { class: "field", for: "webhook-url" }, "URL"), this.url, this.events],
+    }));
   }
 
   async load() {
