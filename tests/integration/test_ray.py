@@ -187,7 +187,10 @@ def test_a_stop_while_the_run_restarts_ends_it_after_one_step_of_the_new_attempt
     the new attempt's first step is its last (the sink's first decision for it is `stop`), and
     it saves that step with every rank's part and the adapter. It never trains on to the step
     the lost attempt had reached."""
-    server = ray_server(start_server, ray_cluster, max_failures=1)
+    # The stop's grace runs from the stop, sent right after the kill: it must cover Ray noticing the
+    # lost worker, the restart and one step. The suite's 20 s did not under CI load (the new attempt
+    # was terminated while it saved), so this test has the server's own default, 60 s.
+    server = ray_server(start_server, ray_cluster, max_failures=1, FINETUNE_STUDIO_STOP_GRACE_SECONDS="60")
     job, pid, events = run_killing_rank_zero(server, job_request(tiny_model, max_steps=2000, save_steps=4, **WORKERS), step=6, then_stop=True)
 
     final = events[-1].data
