@@ -6,6 +6,7 @@ numbered row is added, and the one way a row becomes a record. Plain Python: no 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import sqlite3
 from collections.abc import Callable
@@ -78,8 +79,12 @@ def record(kind: type[Record], row: sqlite3.Row, **read: Callable[[sqlite3.Row],
     """`kind` (a frozen dataclass) made from `row`: each field is the column of its name, or what
     `read[field](row)` makes of the row where the column differs (JSON, a flag, another name).
     The one way a stored row becomes a record (jobs, files, keys, sweeps, trials, webhooks)."""
-    return kind(**{field.name: read[field.name](row) if field.name in read else row[field.name]
-                   for field in dataclasses.fields(kind)})
+    return kind(**{name: read[name](row) if name in read else row[name] for name in _field_names(kind)})
+
+
+@functools.cache
+def _field_names(kind: type[DataclassInstance]) -> tuple[str, ...]:
+    return tuple(field.name for field in dataclasses.fields(kind))  # asked once a kind: lists read many rows
 
 
 def as_bool(column: str) -> Callable[[sqlite3.Row], bool]:
@@ -90,4 +95,3 @@ def as_bool(column: str) -> Callable[[sqlite3.Row], bool]:
 def as_json(column: str) -> Callable[[sqlite3.Row], Any]:
     """A `record` reader: a JSON column as its value."""
     return lambda row: json.loads(row[column])
-

@@ -15,7 +15,7 @@ import dataclasses
 import json
 import sqlite3
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -563,10 +563,15 @@ def _float(value: Any) -> Optional[float]:
     return float(value) if isinstance(value, (int, float)) else None
 
 
+# How `_record` reads the columns that are not its fields as they are (made once: every list reads many rows).
+_JOB_READERS: dict[str, Callable[[sqlite3.Row], Any]] = {
+    "status": lambda row: stored_value(row["status_json"]),
+    "progress": lambda row: stored_value(row["progress_json"]) if row["progress_json"] else None,
+    "request": lambda row: stored_value(row["request_json"]),
+    "stop_requested": as_bool("stop_requested"),
+    "pause_requested": as_bool("pause_requested"),
+}
+
+
 def _record(row: sqlite3.Row) -> JobRecord:
-    return record(
-        JobRecord, row, status=lambda row: stored_value(row["status_json"]),
-        progress=lambda row: stored_value(row["progress_json"]) if row["progress_json"] else None,
-        request=lambda row: stored_value(row["request_json"]), stop_requested=as_bool("stop_requested"),
-        pause_requested=as_bool("pause_requested"),
-    )
+    return record(JobRecord, row, **_JOB_READERS)
