@@ -262,7 +262,7 @@ def test_an_answer_whose_prompt_begins_as_a_scored_one_prefills_only_the_rest_an
 
     assert answer_of(answer) == reference(lively, None, PROMPTS[2], 12)
     assert engine.prefixes.hits == 1 and engine.prefixes.reused_tokens == answer["prompt_tokens"] - 1
-    assert fed[0] == 1, "only the prompt's last token was prefilled; its start came from the loss pass"
+    assert fed == [], "no pass of its own: its start came from the loss pass, its last token ran in a decode step"
 
     # Another adapter's weights make other keys and values: nothing kept is used for it.
     other = recorder.run(command("other", lively, three_adapters["one"], messages=PROMPTS[2], max_tokens=12))["other"]
@@ -279,6 +279,69 @@ def test_an_answer_whose_prompt_begins_as_a_scored_one_prefills_only_the_rest_an
     assert len(engine.prefixes) == 0 and engine.prefixes.bytes == 0
     recorder.run(command("fresh", lively, messages=PROMPTS[0], max_tokens=2))
     assert engine.prefixes.hits == 2 and len(engine.prefixes) == 1  # the fresh prompt only, of the model loaded again
+
+
+SCORED = {"role": "assistant", "content": "Hola, hola. Bonjour, bonjour, le monde."}
+
+
+def scored_rows(monkeypatch: pytest.MonkeyPatch, lively: Path, adapters: dict[str, Path],
+                rows: dict[str, tuple[Optional[str], list[dict[str, str]]]]) -> tuple[Observer, list[int]]:
+    """An engine that has run each row's loss pass (its conversation with SCORED as the answer:
+    prompt logprobs, no new token), with its passes counted from here on; and the list of the
+    tokens of each lone forward pass (LoadedModel.forward) from here on."""
+    lone: list[int] = []
+    original = LoadedModel.forward
+
+    def counting(model: LoadedModel, ids: list[int], *args: Any, **kwargs: Any) -> torch.Tensor:
+        lone.append(len(ids))
+        return original(model, ids, *args, **kwargs)
+
+    monkeypatch.setattr(LoadedModel, "forward", counting)
+    observer = Observer(monkeypatch)
+    observer.run(*(command(f"loss-{name}", lively, adapter_path(adapters, adapter), messages=[*prompt, SCORED], max_tokens=0,
+                           prompt_logprobs=True, logprobs=True) for name, (adapter, prompt) in rows.items()))
+    assert len(observer.engine.prefixes) == len(rows) and observer.engine.prefixes.hits == 0
+    lone.clear()
+    observer.passes, observer.prefills, observer.seen = [[]], [[]], []
+    return observer, lone
+
+
+def test_answers_whose_prompts_begin_as_scored_ones_join_the_batch_with_no_pass_of_their_own(
+    lively: Path, three_adapters: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An evaluation's rows: each row's loss pass first, then the answers, which arrive together.
+    # Each answer's prompt is the start of its row's scored text but for its last token (a different
+    # length in each row: the kept rows are left-padded), through the base and an adapter (mixed rows).
+    rows = {"base-a": (None, PROMPTS[0]), "one-b": ("one", PROMPTS[2]), "base-c": (None, PROMPTS[3])}
+    observer, lone = scored_rows(monkeypatch, lively, three_adapters, rows)
+    expected = {name: reference(lively, adapter_path(three_adapters, adapter), prompt, 10) for name, (adapter, prompt) in rows.items()}
+    answers = observer.run(*(command(name, lively, adapter_path(three_adapters, adapter), messages=prompt, max_tokens=10)
+                             for name, (adapter, prompt) in rows.items()))
+
+    assert {name: answer_of(answers[name]) for name in rows} == expected
+    engine = observer.engine
+    assert engine.prefixes.hits == 3
+    assert engine.prefixes.reused_tokens == sum(answers[name]["prompt_tokens"] - 1 for name in rows)
+    assert lone == [] and observer.passes[0] == [], "no answer had a pass of its own: they joined their batch"
+    assert observer.seen[0] == [list(rows)], "in one batch"
+    assert observer.passes[1] == [3], "whose first decode step ran their prompts' last tokens, together"
+
+
+def test_next_turns_after_scored_ones_prefill_together_on_their_kept_starts(
+    lively: Path, three_adapters: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Each row's next turn begins as its scored text: the same follow-up after each, so as many
+    # tokens after each kept start, run in one pass on top of the kept rows (left-padded).
+    rows = {"base-a": (None, PROMPTS[0]), "one-b": ("one", PROMPTS[2])}
+    observer, lone = scored_rows(monkeypatch, lively, three_adapters, rows)
+    turns = {name: [*prompt, SCORED, {"role": "user", "content": "And again, in French?"}] for name, (_, prompt) in rows.items()}
+    expected = {name: reference(lively, adapter_path(three_adapters, adapter), turns[name], 8) for name, (adapter, _) in rows.items()}
+    answers = observer.run(*(command(name, lively, adapter_path(three_adapters, adapter), messages=turns[name], max_tokens=8)
+                             for name, (adapter, _) in rows.items()))
+
+    assert {name: answer_of(answers[name]) for name in rows} == expected
+    assert observer.engine.prefixes.hits == 2 and lone == []
+    assert observer.prefills[0] == [2], "both turns' new tokens in one pass, on their kept starts"
 
 
 def test_kept_prompts_stay_within_their_bytes_and_the_longest_shared_start_of_the_same_model_is_found() -> None:

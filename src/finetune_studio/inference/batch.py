@@ -10,7 +10,9 @@ would compute alone.
 
 - **Joining.** Requests that start in the same step are prefilled together, in a
   cache of their own, left-padded as a batch is (`Batch.of_rows`; one request alone,
-  one row), then join: the narrower of the two (the batch, or the newcomers) is padded
+  one row). Prompts that begin as kept ones (prefix.py) start from a cache seeded with
+  those columns, left-padded to the widest, and their tokens after them, as many in
+  every row, run on top. Then they join: the narrower of the two (the batch, or the newcomers) is padded
   on the left to the other's width and the rows are stacked (one copy of the cache;
   transformers' cache copies itself on every step anyway).
 - **Leaving.** A row that ends, fails or is cancelled is marked, and `compact()`
@@ -50,25 +52,33 @@ def cache_layers(cache: Any) -> list[Any]:
 
 
 def prefill(model: BatchedModel, request_ids: list[str], adapters: list[Optional[str]], prompts: list[list[int]],
-            cache: Any, all_positions: bool = False) -> tuple[Batch, torch.Tensor]:
+            cache: Any, all_positions: bool = False, seeded: Optional[list[int]] = None) -> tuple[Batch, torch.Tensor]:
     """Prefill `prompts` (one per request, row i through `adapters[i]`) in one forward pass,
     left-padded into `cache` (empty): the batch of their rows, and the float32 logits of
     each row's last token `[rows, vocab]` (of every column, `[rows, columns, vocab]`, with
-    `all_positions`: row i's prompt is its last `len(prompts[i])` columns)."""
+    `all_positions`: row i's prompt is its last `len(prompts[i])` columns).
+
+    `seeded`: the cache already holds row i's first `seeded[i]` tokens, left-padded to the
+    widest (prefix.seed_rows), and `prompts` are each row's tokens after them, all of one length."""
     device = model.device
     width = max(len(prompt) for prompt in prompts)
-    pads = [width - len(prompt) for prompt in prompts]
+    pads = [width - len(prompt) for prompt in prompts]  # within the new columns
+    held = max(seeded) if seeded else 0  # the columns the cache holds already
+    before = [0] * len(prompts) if not seeded else [held - tokens for tokens in seeded]  # their padding, per row
+    if seeded and any(pads):
+        raise ValueError("prompts on a seeded cache must be of one length, so that no row has a gap")
     # The padding's ids are any token's (0): the mask hides them, and no row reads their logits.
     input_ids = torch.tensor([[0] * pad + prompt for prompt, pad in zip(prompts, pads, strict=True)], dtype=torch.long, device=device)
-    columns = torch.arange(width, device=device).view(1, -1)
-    padding = torch.tensor(pads, dtype=torch.long, device=device).view(-1, 1)
-    attention_mask = (columns >= padding).long()
-    position_ids = (columns - padding).clamp(min=0)
+    new = torch.arange(width, device=device).view(1, -1)
+    padding = torch.tensor([b + p for b, p in zip(before, pads, strict=True)], dtype=torch.long, device=device).view(-1, 1)
+    attention_mask = (torch.arange(held + width, device=device).view(1, -1) >= padding).long()
+    position_ids = (new + held - padding).clamp(min=0)  # row i's first new token is its (held - padding)th
     logits = model.forward_rows(input_ids, position_ids, attention_mask, cache, adapters, all_positions)
-    return Batch.of_rows(model, request_ids, adapters, cache, pads, width), logits
+    return Batch.of_rows(model, request_ids, adapters, cache, padding.view(-1).tolist(), held + width), logits
 
 
-def _left_pad(tensor: torch.Tensor, columns: int) -> torch.Tensor:
+def left_pad(tensor: torch.Tensor, columns: int) -> torch.Tensor:
+    """`tensor` (`[rows, heads, tokens, head_dim]`) with `columns` zero columns before its tokens."""
     if columns == 0:
         return tensor
     shape = (tensor.shape[0], tensor.shape[1], columns, tensor.shape[3])
@@ -120,8 +130,8 @@ class Batch:
             grow = max(0, other.width - self.width)  # the batch's rows get this many more padding columns
             pad = max(0, self.width - other.width)  # and the newcomers this many
             for mine, theirs in zip(cache_layers(self.cache), cache_layers(other.cache), strict=True):
-                mine.keys = torch.cat([_left_pad(mine.keys, grow), _left_pad(theirs.keys, pad)], dim=0)
-                mine.values = torch.cat([_left_pad(mine.values, grow), _left_pad(theirs.values, pad)], dim=0)
+                mine.keys = torch.cat([left_pad(mine.keys, grow), left_pad(theirs.keys, pad)], dim=0)
+                mine.values = torch.cat([left_pad(mine.values, grow), left_pad(theirs.values, pad)], dim=0)
             self.pads = [p + grow for p in self.pads] + [p + pad for p in other.pads]
             self.width = max(self.width, other.width)
         self.ids.extend(other.ids)

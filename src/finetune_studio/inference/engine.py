@@ -26,7 +26,12 @@ in between steps (`handle`). A step does two things:
    token; they then join their batch, from the next step on. So a new request waits
    for no answer to finish, only for the step under way, and a long prompt holds the
    running answers up for one step. Prompts whose every position's logits are wanted
-   (prompt logprobs) are prefilled apart from those that want the last one's only.
+   (prompt logprobs) are prefilled apart from those that want the last one's only, and
+   prompts that begin as kept ones (prefix.py) apart from the rest, together when as many
+   of their tokens come after the kept start (each on a copy of its kept columns). A
+   prompt whose every token but the last is kept (an evaluation's answer, asked after
+   its row's loss pass) has no prefill at all: it joins its batch on a copy of those
+   columns, and its last token runs in the next decode step, beside the others' tokens.
 
 An answer that ends (its end-of-turn token, a stop string, max_tokens), fails or is
 cancelled leaves its batch at once: its row and its cache columns are dropped
@@ -57,7 +62,7 @@ from finetune_studio.inference.batch import Batch, BatchedModel, prefill
 from finetune_studio.inference.chat_model import BaseKey, ChatModel
 from finetune_studio.inference.failures import RequestFailed
 from finetune_studio.inference.pool import ModelPool
-from finetune_studio.inference.prefix import Kept, PrefixCache, seed
+from finetune_studio.inference.prefix import Kept, PrefixCache, seed, seed_rows
 from finetune_studio.inference.sampling import make_generator, next_token
 from finetune_studio.inference.text import TextStream
 from finetune_studio.wire import MAX_TOP_LOGPROBS, ModelRef, TokenLogprob
@@ -188,6 +193,18 @@ class Running:
     cache: Any = None
     seen: int = 0  # tokens in `cache`
     completion: list[int] = field(default_factory=list)
+    # What the next decode step runs before the answer has a token: the prompt's last token, for
+    # a prompt that joined its batch with every other token's keys and values kept (prefix.py).
+    last_prompt_token: Optional[int] = None
+
+    @property
+    def next_input(self) -> int:
+        """The token the next decode step runs on this answer's row."""
+        if self.completion:
+            return self.completion[-1]
+        if self.last_prompt_token is None:  # never: a row decodes once it has a token, or a prompt's last to run
+            raise RequestFailed("internal_error", "an answer with no token was decoded")
+        return self.last_prompt_token
 
 
 class Engine:
@@ -349,7 +366,7 @@ class Engine:
             return
         runs = [_running(request) for request in requests]
         try:
-            logits = batch.forward([run.completion[-1] for run in runs])
+            logits = batch.forward([run.next_input for run in runs])
         except Exception as exc:  # noqa: BLE001 - which row failed cannot be told: the batch's requests fail, the others go on
             failure = _failure(exc)
             for request in requests:
@@ -417,19 +434,32 @@ class Engine:
             start = None if lane is None or request.params.prompt_logprobs else self.prefixes.longest(
                 run.entry, request.adapter_folder, prompt)
             budget -= len(prompt) - (start[1] if start is not None else 0)
-            # Apart: a model that does not batch, a prompt that begins as a kept one (prefilled on its
-            # copy), and a prompt whose every position's logits are wanted with one that wants the last
-            # only (those logits are the bulk of a long prompt's memory).
-            key = (request.id,) if lane is None or start is not None else (run.entry.key, lane, request.params.prompt_logprobs)
-            if start is not None:
+            # Apart: a model that does not batch; prompts that begin as kept ones (prefilled on copies of
+            # them) by how many tokens come after, so that every row runs as many; and a prompt whose every
+            # position's logits are wanted with one that wants the last only (those logits are the bulk of
+            # a long prompt's memory).
+            if lane is None:
+                key: tuple[Any, ...] = (request.id,)
+            elif start is not None and start[1] == len(prompt) - 1 and run.max_tokens > 0:
+                # All but its last token kept: it joins its batch now, and that token runs in the next
+                # decode step with the others' (whose logits choose its first token): no pass of its own.
+                try:
+                    self._join_on_kept(request, prompt, start)
+                except Exception as exc:  # noqa: BLE001 - one request's failure must not end the others
+                    self._fail(request, _failure(exc))
+                continue
+            elif start is not None:
+                key = (run.entry.key, lane, "kept", len(prompt) - start[1])
                 starts[request.id] = start
+            else:
+                key = (run.entry.key, lane, request.params.prompt_logprobs)
             groups.setdefault(key, []).append((request, prompt))
         for group in groups.values():
             try:
                 if len(group) == 1:
                     self._prefill_alone(*group[0], starts.get(group[0][0].id))
                 else:
-                    self._prefill_together(group)
+                    self._prefill_together(group, [starts[r.id] for r, _ in group] if group[0][0].id in starts else None)
             except Exception as exc:  # noqa: BLE001 - the prefill's requests fail, the others go on
                 failure = _failure(exc)
                 for request, _ in group:
@@ -495,17 +525,31 @@ class Engine:
             run.batch = self._batch(entry, lane)
             run.batch.join(request.id, run.adapter, cache, len(prompt))
 
-    def _prefill_together(self, group: list[tuple[Request, list[int]]]) -> None:
+    def _join_on_kept(self, request: Request, prompt: list[int], start: tuple[Kept, int]) -> None:
+        """Join a prompt whose every token but the last is kept to its batch, on a copy of those
+        columns; its last token is its row's input at the next decode step."""
+        run = _running(request)
+        cache = run.entry.new_cache(len(prompt) + run.max_tokens)
+        seed(cache, start[0], start[1])
+        run.last_prompt_token = prompt[-1]
+        run.batch = self._batch(run.entry, cast(str, run.entry.batch_lane(run.adapter)))
+        run.batch.join(request.id, run.adapter, cache, start[1])
+
+    def _prefill_together(self, group: list[tuple[Request, list[int]]], starts: Optional[list[tuple[Kept, int]]] = None) -> None:
         """Prefill the prompts of one base and lane in one left-padded forward pass (batch.py),
-        choose each one's first token, and join the batch with the rows not finished."""
+        choose each one's first token, and join the batch with the rows not finished. `starts`:
+        the kept prompt each begins as and how many of its tokens to reuse (prefix.py), the same
+        number of tokens after them in every row."""
         requests = [request for request, _ in group]
         runs = [_running(request) for request in requests]
         entry = runs[0].entry
         lane = cast(str, entry.batch_lane(runs[0].adapter))
         model = cast(BatchedModel, entry)
         cache = entry.new_cache(0)
-        rows, logits = prefill(model, [r.id for r in requests], [run.adapter for run in runs],
-                               [prompt for _, prompt in group], cache, all_positions=requests[0].params.prompt_logprobs)
+        seeded = seed_rows(cache, starts) if starts else None
+        rest = [prompt[held:] for (_, prompt), held in zip(group, seeded, strict=True)] if seeded else [prompt for _, prompt in group]
+        rows, logits = prefill(model, [r.id for r in requests], [run.adapter for run in runs], rest, cache,
+                               all_positions=requests[0].params.prompt_logprobs, seeded=seeded)
         for row, (request, prompt) in enumerate(group):
             self.prefixes.keep(entry, request.adapter_folder, prompt, cache, row, rows.pads[row])
         going: list[int] = []  # the rows that go on after the prefill

@@ -12,10 +12,15 @@ chat's next turn sends the whole conversation again: its start is the previous t
   with its tokens, under its model and adapter. At most MAX_KEPT_BYTES of them; the least
   recently used go first, and those of a model that is no longer loaded.
 - **Used.** A prompt looks for the kept one that shares its longest start, of at least
-  MIN_SHARED tokens; it is then prefilled alone, its tokens after that start on top of a
-  copy of those columns (at least its last token is run: its logits choose the first new
-  token). A prompt that wants every position's logits (prompt logprobs) never uses one:
-  the positions it would skip are positions it asked about.
+  MIN_SHARED tokens; its tokens after that start are then run on top of a copy of those
+  columns (at least its last token is run: its logits choose the first new token). Such
+  prompts that start in one step with as many tokens after their kept starts (a chat's
+  next turns with one follow-up) prefill together, on a cache seeded with each one's
+  columns (`seed_rows`); the others alone. One with only its last token after the kept
+  start (an evaluation's answer, asked after its row's loss pass) joins its batch on the
+  copy, and that token runs in the batch's next decode step (engine.py).
+  A prompt that wants every position's logits (prompt logprobs) never uses one: the
+  positions it would skip are positions it asked about.
 
 The answer is the one it would be without: the same tokens at the same positions through
 the same weights give the same keys and values, up to the float rounding by which a batched
@@ -31,7 +36,7 @@ from typing import Any, Optional
 
 import torch
 
-from finetune_studio.inference.batch import cache_layers
+from finetune_studio.inference.batch import cache_layers, left_pad
 
 # The kept prompts' tensors, at most (the least recently used are dropped past it): room for
 # a batch's worth of evaluation prompts of a small model, a fraction of a large one's memory.
@@ -126,6 +131,19 @@ def seed(cache: Any, kept: Kept, tokens: int) -> None:
     """Fill the empty `cache` with the first `tokens` columns of `kept` (copies: the cache grows in place)."""
     for layer, (keys, values) in enumerate(zip(kept.keys, kept.values, strict=True)):
         cache.update(keys[:, :, :tokens].clone(), values[:, :, :tokens].clone(), layer)
+
+
+def seed_rows(cache: Any, starts: list[tuple[Kept, int]]) -> list[int]:
+    """Fill the empty `cache` with one row per start: row i the first `starts[i][1]` columns
+    of `starts[i][0]`, left-padded to the widest (as batch.py lays a batch out). Each row's
+    tokens held (`prefill(..., seeded=)`)."""
+    held = [tokens for _, tokens in starts]
+    width = max(held)
+    for layer in range(len(starts[0][0].keys)):
+        keys = torch.cat([left_pad(kept.keys[layer][:, :, :tokens], width - tokens) for kept, tokens in starts], dim=0)
+        values = torch.cat([left_pad(kept.values[layer][:, :, :tokens], width - tokens) for kept, tokens in starts], dim=0)
+        cache.update(keys, values, layer)
+    return held
 
 
 def _shared_start(a: tuple[int, ...], b: list[int], limit: int) -> int:
