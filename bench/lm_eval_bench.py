@@ -15,7 +15,8 @@ In rounds whose order reverses every round:
   `/eval/stream`: the evaluation child, lm-eval's own process (`local-completions` against
   the server's `/v1/completions`), the chat child's start and model load.
 - **lm-eval alone**: `python -m lm_eval run --model hf` on the same folder, the same tasks,
-  the model loaded in the chat child's precision (`dtype`), `--batch_size 4`, on the CPU.
+  the model loaded in the chat child's precision (`dtype`), `--batch_size` the suite's
+  (`evaluation.common.CONCURRENT_REQUESTS`: the prompts it sends in one request), on the CPU.
 
 The ratio is reported (no budget); each side's scores are printed, to show they measured
 the same thing.
@@ -39,6 +40,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from chat import train  # noqa: E402
 from common import load_average, machine_line, median, server, smollm2_gguf, table  # noqa: E402
+from finetune_studio.evaluation.common import CONCURRENT_REQUESTS  # noqa: E402
 
 TASKS = ("bench_mc", "bench_gen")
 OFFLINE = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "TQDM_DISABLE": "1"}
@@ -127,7 +129,7 @@ def through_server(url: str, model: str, tasks: Path) -> tuple[float, dict[str, 
 
 def alone(model_dir: Path, tasks: Path, dtype: str, output: Path) -> tuple[float, dict[str, Any]]:
     command = [sys.executable, "-m", "lm_eval", "run", "--model", "hf", "--model_args", f"pretrained={model_dir},dtype={dtype}",
-               "--tasks", ",".join(TASKS), "--include_path", str(tasks), "--output_path", str(output), "--batch_size", "4",
+               "--tasks", ",".join(TASKS), "--include_path", str(tasks), "--output_path", str(output), "--batch_size", str(CONCURRENT_REQUESTS),
                "--device", "cpu"]
     started = time.perf_counter()
     done = subprocess.run(command, env={**os.environ, **OFFLINE}, capture_output=True, text=True, check=False)
@@ -177,7 +179,7 @@ def main() -> None:
         ("precision", dtype, "", ""),
         (f"through the server: POST /eval/start to `completed` ({args.docs} + {max(args.docs // 4, 1)} documents)",
          f"{median(served):,.1f} s", "", ""),
-        ("lm-eval alone: python -m lm_eval run --model hf --batch_size 4", f"{median(own):,.1f} s", "", ""),
+        (f"lm-eval alone: python -m lm_eval run --model hf --batch_size {CONCURRENT_REQUESTS}", f"{median(own):,.1f} s", "", ""),
         ("server / lm-eval alone", f"{ratio:.3f}", "", "reported"),
         ("the same, median of the rounds' own ratios", f"{median([s / o for s, o in zip(served, own, strict=True)]):.3f}", "", ""),
     ]

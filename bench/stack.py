@@ -191,7 +191,7 @@ def main() -> None:
         rows.append((f"{label}: plain / with the stack ({plain:,.2f} / {stacked:,.2f} {unit})", f"{ratio:.3f}",
                      f">= {BUDGET}" if budget else "", verdict(ratio >= BUDGET) if budget else "reported"))
     for key, label in (("job", "overhead row"), ("fanout_wall", "fan-out row")):
-        own = [plain[key] / stacked[key] for plain, stacked in zip(results[False], results[True])]
+        own = [plain[key] / stacked[key] for plain, stacked in zip(results[False], results[True], strict=True)]
         rows.append((f"{label}: each round's own ratio, median (rounds: {', '.join(f'{r:.3f}' for r in own)})",
                      f"{median(own):.3f}", "", "reported"))
     rows.append(("fan-out: clients that received every event, plain / with the stack",

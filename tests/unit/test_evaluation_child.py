@@ -112,18 +112,24 @@ def test_heldout_metrics_equal_a_computation_by_hand(tmp_path: Path, tiny_model:
     tokenizer = AutoTokenizer.from_pretrained(str(tiny_model))
     texts = {assistant_spans(tokenizer, row["messages"])[0]: assistant_spans(tokenizer, row["messages"])[1] for row in ROWS}
     totals = {model: [0.0, 0, 0] for model in models}
+    scored = []
     for body, answer in completions:
         if body["prompt"] == "a":
             continue  # the probe: does the route exist
         assert body["echo"] is True and body["logprobs"] == 1 and body["max_tokens"] == 0
-        spans = texts[body["prompt"]]
-        logprobs = answer["choices"][0]["logprobs"]
-        ends = [*logprobs["text_offset"][1:], len(body["prompt"])]
-        for lp, top, start, end in zip(logprobs["token_logprobs"], logprobs["top_logprobs"], logprobs["text_offset"], ends, strict=True):
-            if lp is not None and any(a <= start and end <= b for a, b in spans):
-                totals[body["model"]][0] -= lp
-                totals[body["model"]][1] += 1
-                totals[body["model"]][2] += lp >= max(top.values())
+        assert isinstance(body["prompt"], list), "a group of rows' loss passes goes in one request"
+        for prompt, choice in zip(body["prompt"], answer["choices"], strict=True):
+            scored.append((body["model"], prompt))
+            spans = texts[prompt]
+            logprobs = choice["logprobs"]
+            ends = [*logprobs["text_offset"][1:], len(prompt)]
+            for lp, top, start, end in zip(logprobs["token_logprobs"], logprobs["top_logprobs"], logprobs["text_offset"], ends,
+                                           strict=True):
+                if lp is not None and any(a <= start and end <= b for a, b in spans):
+                    totals[body["model"]][0] -= lp
+                    totals[body["model"]][1] += 1
+                    totals[body["model"]][2] += lp >= max(top.values())
+    assert sorted(scored) == sorted((model, text) for model in models for text in texts), "each row scored once per model"
     for model in models:
         nll, tokens, correct = totals[model]
         assert tokens > 0

@@ -3,8 +3,9 @@ or an external OpenAI-compatible endpoint (a judge).
 
     api = OpenAIEndpoint("http://127.0.0.1:8000/v1", token)
     api.chat(model, messages, max_tokens=128)             the greedy answer (temperature 0)
-    api.prompt_logprobs(model, text)                      each prompt token's log-probability
-                                                          (/v1/completions, echo, logprobs 1, max_tokens 0)
+    api.prompt_logprobs(model, texts)                     each prompt token's log-probability, for every
+                                                          text (one /v1/completions request, a prompt
+                                                          per text: echo, logprobs 1, max_tokens 0)
     api.has_completions(model)                            whether the route exists here
 
 Every failure is a `JobFailure` that says which model or endpoint, what happened and what
@@ -110,25 +111,31 @@ class OpenAIEndpoint:
             raise JobFailure(EVALUATION_FAILED, f"{self.name}'s chat answer for {model!r} has no choices[0].message.content") from None
         return str(content or "")
 
-    def prompt_logprobs(self, model: str, text: str) -> PromptLogprobs:
-        """Each token of `text` and its log-probability under the model (OpenAI's completions with
-        echo: `logprobs{tokens, token_logprobs, top_logprobs, text_offset}`)."""
-        body = {"model": model, "prompt": text, "echo": True, "logprobs": 1, "max_tokens": 0, "temperature": 0}
+    def prompt_logprobs(self, model: str, texts: list[str]) -> list[PromptLogprobs]:
+        """Each token of each of `texts` and its log-probability under the model (OpenAI's
+        completions with echo: `logprobs{tokens, token_logprobs, top_logprobs, text_offset}`), in
+        one request whose prompts are the texts, so that the server prefills them together."""
+        body = {"model": model, "prompt": texts, "echo": True, "logprobs": 1, "max_tokens": 0, "temperature": 0}
         answer = self._post("/completions", body, model)
         try:
-            choice = answer["choices"][0]
-            logprobs = choice["logprobs"]
-            return PromptLogprobs(
-                text=str(choice.get("text", text)),
-                tokens=[str(token) for token in logprobs["tokens"]],
-                token_logprobs=[None if value is None else float(value) for value in logprobs["token_logprobs"]],
-                top_logprobs=[None if top is None else {str(k): float(v) for k, v in top.items()} for top in logprobs["top_logprobs"]],
-                text_offset=[int(offset) for offset in logprobs["text_offset"]],
-            )
+            choices = sorted(answer["choices"], key=lambda choice: int(choice["index"]))
+            if [int(choice["index"]) for choice in choices] != list(range(len(texts))):
+                raise ValueError(f"{len(texts)} prompts, choices {[choice['index'] for choice in choices]}")
+            return [
+                PromptLogprobs(
+                    text=str(choice.get("text", text)),
+                    tokens=[str(token) for token in choice["logprobs"]["tokens"]],
+                    token_logprobs=[None if value is None else float(value) for value in choice["logprobs"]["token_logprobs"]],
+                    top_logprobs=[None if top is None else {str(k): float(v) for k, v in top.items()}
+                                  for top in choice["logprobs"]["top_logprobs"]],
+                    text_offset=[int(offset) for offset in choice["logprobs"]["text_offset"]],
+                )
+                for choice, text in zip(choices, texts, strict=True)
+            ]
         except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
             raise JobFailure(
                 EVALUATION_FAILED,
-                f"{self.name}'s /v1/completions answer for {model!r} has no usable choices[0].logprobs ({type(exc).__name__}: {exc})",
+                f"{self.name}'s /v1/completions answer for {model!r} has no usable choices[].logprobs ({type(exc).__name__}: {exc})",
             ) from None
 
     def has_completions(self, model: str) -> bool:

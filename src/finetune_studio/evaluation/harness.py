@@ -3,7 +3,9 @@
 Each model gets a `python -m finetune_studio.evaluation.harness_runner` process (a stop ends
 it at once): lm-eval's `local-completions` model with base_url the server's full
 `.../v1/completions`, the model's local tokenizer (`tokenizer_backend=huggingface`), prompts
-sent as token ids when the route takes them (exact context lengths) and as text otherwise.
+sent as token ids when the route takes them (exact context lengths) and as text otherwise,
+CONCURRENT_REQUESTS of them in a request (lm-eval's `batch_size`: the chat child prefills a
+request's prompts together, and decodes its answers in one batch).
 `limit` and `num_fewshot` pass through; tasks come by name, or from the task folder the user
 names (`tasks_dir`: YAML and local data). Offline: a task whose data is not here fails at once.
 
@@ -30,7 +32,7 @@ from typing import Any, Optional
 
 from finetune_studio.child.channel import JobFailure, StopRequested
 from finetune_studio.evaluation.api import EVALUATION_FAILED
-from finetune_studio.evaluation.common import Context, ModelInfo, SuiteResult, clip
+from finetune_studio.evaluation.common import CONCURRENT_REQUESTS, Context, ModelInfo, SuiteResult, clip
 from finetune_studio.evaluation.stats import Estimate, paired_bootstrap
 
 RUNNER_MODULE = "finetune_studio.evaluation.harness_runner"
@@ -79,6 +81,7 @@ class LmEval:
             "num_fewshot": self.suite.get("num_fewshot"),
             "limit": self.suite.get("limit"),
             "tokenized": ctx.api.accepts_token_prompts(model.id, [1, 2, 3]),
+            "batch_size": CONCURRENT_REQUESTS,
         }
 
     def run_model(self, ctx: Context, model: ModelInfo) -> dict[str, Any]:

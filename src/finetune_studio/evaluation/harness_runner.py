@@ -4,7 +4,7 @@ A process of its own per model of an `lm_eval` suite (evaluation/harness.py star
 stop ends lm-eval at once and its imports stay out of the evaluation child.
 
 - stdin: one JSON line, `{base_url, token, model, tokenizer, trust_remote_code, tasks,
-  tasks_dir, num_fewshot, limit, tokenized}` (the token on stdin only: never on a command
+  tasks_dir, num_fewshot, limit, tokenized, batch_size}` (the token on stdin only: never on a command
   line or in the environment).
 - stdout: JSON lines: `{"type": "requests", "count"}` as lm-eval has built a batch of
   requests, `{"type": "done", "count"}` after each answered call, then `{"type": "result",
@@ -111,6 +111,7 @@ def run(spec: dict[str, Any], out: IO[str]) -> dict[str, Any]:
         "tokenizer": spec["tokenizer"],
         "tokenizer_backend": "huggingface",
         "tokenized_requests": bool(spec.get("tokenized", True)),
+        "batch_size": int(spec.get("batch_size") or 1),  # prompts per request
         "trust_remote_code": bool(spec.get("trust_remote_code")),
         "max_retries": 1,
         "timeout": 1800,

@@ -7,8 +7,9 @@ is a conversation (or raw text). For every model:
 - **loss, perplexity, token accuracy** over the reference answers' tokens: the row is
   rendered with the model's chat template and its assistant turns located exactly as
   `train_on_completions` masks them (`training.completions.assistant_spans`; raw text: all of
-  it); `POST /v1/completions` with `echo: true, logprobs: 1, max_tokens: 0` gives each
-  prompt token's log-probability and offset (OpenAI's `choices[].logprobs`), and every token
+  it); `POST /v1/completions` with `echo: true, logprobs: 1, max_tokens: 0` (a group of
+  rows in one request, a prompt per row) gives each prompt token's log-probability and
+  offset (OpenAI's `choices[].logprobs`), and every token
   that lies inside an answer counts. loss = the tokens' mean negative log-probability (over
   all the suite's answer tokens), perplexity = exp(loss), token accuracy = the share of them
   that are the model's own most likely token (`top_logprobs`). Without the route (a server
@@ -25,13 +26,14 @@ Every value has its 95% interval and its difference from the first model its own
 from __future__ import annotations
 
 import math
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
 from finetune_studio.child.channel import JobFailure
 from finetune_studio.evaluation.api import PromptLogprobs
-from finetune_studio.evaluation.common import Context, SuiteResult, clip, run_concurrently
+from finetune_studio.evaluation.common import CONCURRENT_REQUESTS, Context, SuiteResult, clip, run_concurrently
 from finetune_studio.evaluation.stats import corpus_bootstrap, paired_bootstrap
 
 NO_COMPLETIONS = (
@@ -95,38 +97,72 @@ class Heldout:
         with_loss = ctx.has_completions()
         if not with_loss:
             result.warnings.append(f"{self.name}: {NO_COMPLETIONS}")
-        per_model: dict[str, list[Scores]] = {}
-        for model in ctx.models:
-            tokenizer = ctx.tokenizers.get(model.id)
-
-            def score(row: Row, model_id: str = model.id, tokenizer: Any = tokenizer) -> Scores:
-                scores = self.score_row(ctx, model_id, tokenizer, row, with_loss)
-                ctx.progress.advance(self.name, model_id)
-                return scores
-
-            per_model[model.id] = run_concurrently(self.rows, score, ctx.stop)
+        per_model = {model.id: self.score_model(ctx, model.id, ctx.tokenizers.get(model.id), with_loss) for model in ctx.models}
         ctx.progress.advance(self.name, None, 0, force=True)
         self.metrics(ctx.ids, per_model, result, with_loss)
         result.samples = self.sample_rows(ctx.ids, per_model)
         return result
 
-    def score_row(self, ctx: Context, model: str, tokenizer: Any, row: Row, with_loss: bool) -> Scores:
-        scores = Scores()
-        # The loss pass first: the answer's prompt is the start of the text it scores, which the
-        # chat child keeps, so the answer prefills only its last tokens (inference/prefix.py).
-        if with_loss:
-            text, spans = self.loss_spans(tokenizer, row)
-            if spans:
-                logprobs = ctx.api.prompt_logprobs(model, text)
-                scores.nll, scores.tokens, scores.correct = answer_token_stats(logprobs, text, spans)
-                if scores.tokens:
-                    scores.scores.update(
-                        loss=scores.nll / scores.tokens, tokens=float(scores.tokens), token_accuracy=scores.correct / scores.tokens
-                    )
-        if row.reference is not None:
-            scores.answer = ctx.api.chat(model, row.prompt, max_tokens=int(self.suite.get("max_new_tokens") or 128))
-            scores.scores.update(answer_scores(scores.answer, row.reference))
+    def score_model(self, ctx: Context, model: str, tokenizer: Any, with_loss: bool) -> list[Scores]:
+        """Every row as one model does on it. The rows go in groups of CONCURRENT_REQUESTS: a
+        group's loss passes first, in one request (the chat child prefills them together), then
+        its rows' answers, each once its group is scored: an answer's prompt is the start of the
+        text its row scored, which the chat child keeps, so it joins the decode batch with no
+        prefill (inference/prefix.py). The requests run a few at a time in that order, so the
+        next group's loss passes go as the answers before them end, beside the others' decoding."""
+        scores = [Scores() for _ in self.rows]
+        groups = [range(first, min(first + CONCURRENT_REQUESTS, len(self.rows)))
+                  for first in range(0, len(self.rows), CONCURRENT_REQUESTS)]
+        scored = [threading.Event() for _ in groups]
+        failed: list[bool] = []  # a group's loss pass failed: the evaluation ends (run_concurrently), no more answers
+        work: list[tuple[int, Optional[int]]] = []  # (group, None): its loss passes; (group, row): the row's answer
+        for number, group in enumerate(groups):
+            work.append((number, None))
+            work.extend((number, index) for index in group if self.rows[index].reference is not None)
+
+        def run(item: tuple[int, Optional[int]]) -> None:
+            number, index = item
+            if index is None:
+                try:
+                    if with_loss:
+                        self.score_losses(ctx, model, tokenizer, groups[number], scores)
+                except BaseException:
+                    failed.append(True)
+                    raise
+                finally:
+                    scored[number].set()
+                for done in groups[number]:
+                    if self.rows[done].reference is None:  # raw text: nothing to answer
+                        ctx.progress.advance(self.name, model)
+                return
+            scored[number].wait()  # the group's loss item came first in `work`: it is under way or done
+            if failed:
+                return
+            row = self.rows[index]
+            answer = ctx.api.chat(model, row.prompt, max_tokens=int(self.suite.get("max_new_tokens") or 128))
+            scores[index].answer = answer
+            scores[index].scores.update(answer_scores(answer, row.reference or ""))
+            ctx.progress.advance(self.name, model)
+
+        run_concurrently(work, run, ctx.stop)
         return scores
+
+    def score_losses(self, ctx: Context, model: str, tokenizer: Any, group: range, scores: list[Scores]) -> None:
+        """The loss pass of the rows in `group`, in one request: each row's loss, tokens and token
+        accuracy over its reference answers' tokens."""
+        asked: list[tuple[int, str, list[tuple[int, int]]]] = []
+        for index in group:
+            text, spans = self.loss_spans(tokenizer, self.rows[index])
+            if spans:
+                asked.append((index, text, spans))
+        if not asked:
+            return
+        found = ctx.api.prompt_logprobs(model, [text for _, text, _ in asked])
+        for (index, text, spans), logprobs in zip(asked, found, strict=True):
+            row = scores[index]
+            row.nll, row.tokens, row.correct = answer_token_stats(logprobs, text, spans)
+            if row.tokens:
+                row.scores.update(loss=row.nll / row.tokens, tokens=float(row.tokens), token_accuracy=row.correct / row.tokens)
 
     @staticmethod
     def loss_spans(tokenizer: Any, row: Row) -> tuple[str, list[tuple[int, int]]]:
