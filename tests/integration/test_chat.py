@@ -202,10 +202,19 @@ def test_metrics_say_how_many_answers_the_chat_child_decodes_together_and_how_fa
     wait_for(lambda: chat_metrics(trained)["finetune_studio_chat_batch_size"] == 0, what="the chat child to be idle")
     before = chat_metrics(trained)
     # Alone, each of an answer's tokens but its first (which the prompt's prefill gives) is a decoded one.
-    answer = ask(trained, trained.job_id)
+    fresh = [{"role": "user", "content": "A question asked once here: how are decoded tokens counted?"}]
+    answer = trained.sdk().chat.completions.create(model=trained.job_id, messages=fresh, temperature=0, max_tokens=MAX_TOKENS)
     wait_for(lambda: chat_metrics(trained)["finetune_studio_chat_decoded_tokens_total"]
              == before["finetune_studio_chat_decoded_tokens_total"] + answer.usage.completion_tokens - 1,
              what="the answer's decoded tokens to be counted")
+    # Asked again, the prompt's keys and values are kept: it joins the batch with no prefill, and its
+    # first token comes from a decode step too.
+    middle = chat_metrics(trained)
+    again = trained.sdk().chat.completions.create(model=trained.job_id, messages=fresh, temperature=0, max_tokens=MAX_TOKENS)
+    assert again.choices[0].message.content == answer.choices[0].message.content
+    wait_for(lambda: chat_metrics(trained)["finetune_studio_chat_decoded_tokens_total"]
+             == middle["finetune_studio_chat_decoded_tokens_total"] + again.usage.completion_tokens,
+             what="the second answer's decoded tokens to be counted")
     after = chat_metrics(trained)
     assert after["finetune_studio_chat_decode_seconds_total"] > before["finetune_studio_chat_decode_seconds_total"]
     assert after["finetune_studio_chat_batch_size"] == 0 and after["finetune_studio_chat_tokens_per_second"] == 0
@@ -227,3 +236,42 @@ def test_a_killed_child_ends_its_answer_with_the_reason_and_the_next_request_sta
     answer = ask(trained, trained.job_id)
     assert answer.choices[0].message.content.startswith("Purple elephants")
     assert trained.server.inference_child() not in (None, pid)
+
+
+def test_an_evaluation_finds_the_taught_behaviour_and_a_served_model_judges(trained: Trained, tmp_path: Path) -> None:
+    # Held-out questions the job never saw, whose reference answer is its phrase: the job wins exact
+    # match over its base, by an interval that excludes zero. The judge is one of the studio's own
+    # models (the job), asked through the server's own /v1 as the models it judges are: it answers
+    # with its phrase, not the verdict it is asked for, so each verdict is unparsed, counted and a
+    # tie, and keeps the judge's words as its reason.
+    held_out = ["Name a colour.", "How far away is the moon?", "What is your favourite food?", "Count to three.",
+                "Where is Paris?", "What day is it today?"]
+    data = tmp_path / "heldout.jsonl"
+    data.write_text("".join(json.dumps({"messages": [{"role": "user", "content": question},
+                                                     {"role": "assistant", "content": PHRASE}]}) + "\n" for question in held_out))
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"prompt": "Say hi."}) + "\n" + json.dumps({"prompt": "Two plus two?", "reference": "Four."}) + "\n")
+    base = str(trained.model)
+    with trained.server.client(TOKEN) as client:
+        eval_id = client.start_eval({"models": [trained.job_id, base], "suites": [
+            {"type": "heldout", "data": [str(data)], "max_new_tokens": MAX_TOKENS},
+            {"type": "judge", "prompts": str(prompts), "judge": {"model": trained.job_id}, "max_new_tokens": 8},
+        ]})
+        status = wait_for(lambda: (s := client.eval_status(eval_id))["phase"] in ("completed", "error") and s, timeout=600,
+                          what="the evaluation")
+        assert status["phase"] == "completed", (status.get("error"), status.get("details"))
+        metrics = {m["name"]: m for m in client.eval_results(eval_id)["metrics"]}
+        verdicts = [row["verdict"][base] for row in client.eval_samples(eval_id, suite="judge")["data"]]
+
+    exact = metrics["heldout/exact_match"]
+    assert exact["values"][trained.job_id] >= 0.5 and exact["values"][base] == 0.0, exact
+    low, high = exact["deltas_ci95"][base]
+    assert high < 0, exact  # the base is clearly worse: the interval of its difference excludes zero
+
+    assert len(verdicts) == 2 and all(len(pair["verdicts"]) == 2 for pair in verdicts)
+    assert [(v["A"], v["B"]) for pair in verdicts for v in pair["verdicts"]] == [(trained.job_id, base), (base, trained.job_id)] * 2
+    assert metrics["judge/unparsed"]["values"][base] == sum(not v["parsed"] for pair in verdicts for v in pair["verdicts"]) == 4
+    assert all(pair["outcome"] == "tie" for pair in verdicts)
+    reasons = [v["reason"] for pair in verdicts for v in pair["verdicts"]]
+    assert all(reasons) and any(reason.startswith("Purple") for reason in reasons), reasons  # the job's own words
+    assert metrics["judge/tie_rate"]["values"][base] == 1.0
