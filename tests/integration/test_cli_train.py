@@ -136,8 +136,11 @@ def left_running() -> Iterator[list[int]]:
 def test_detach_then_watch_ctrl_c_stop_status_and_jobs(tmp_path: Path, tiny_model: Path, left_running: list[int]) -> None:
     url = f"http://127.0.0.1:{free_port()}"
     data_dir = tmp_path / "detached-data"
-    queued = run_cli("train", "--model", str(tiny_model), "--data", str(DEMO_DATA), "--max-steps", "500", *TINY_JOB,
-                     "--server", url, "--data-dir", str(data_dir), "--detach")
+    # Far more steps than the test lets it train (it is stopped), so that no machine finishes it
+    # first: a fast one trained 500 steps before watch's Ctrl-C. Not compiled: a run this long
+    # would be, under compile: auto, and the test reads the training messages.
+    queued = run_cli("train", "--model", str(tiny_model), "--data", str(DEMO_DATA), "--max-steps", "100000", *TINY_JOB,
+                     "--set", "compile=false", "--server", url, "--data-dir", str(data_dir), "--detach")
     kept = re.search(rf"the server at {url} keeps running \(pid (\d+), log {data_dir / 'server.log'}\); stop it with `kill \d+`",
                      queued.stderr)
     assert kept, queued.stderr
@@ -173,11 +176,11 @@ def test_detach_then_watch_ctrl_c_stop_status_and_jobs(tmp_path: Path, tiny_mode
     assert jobs.returncode == 0
     header, row = jobs.stdout.splitlines()
     assert header == "id\tphase\tmodel\tstep\tmessage"
-    # The message moves on while it trains ("Training for 500 steps", then the compile decision
-    # after the timed eager steps), so the row is checked by its columns, not one message.
+    # The message moves on while it trains ("Training for 100000 steps", then what the trainer says
+    # after its first steps), so the row is checked by its columns, not one message.
     row_id, phase, model, step, message = row.split("\t")
     assert (row_id, phase, model) == (job_id, "training", str(tiny_model))
-    assert re.fullmatch(r"\d+/500", step) and message.startswith("Training"), row
+    assert re.fullmatch(r"\d+/100000", step) and message.startswith("Training"), row
 
     stop = run_cli("stop", job_id, "--server", url)
     assert stop.returncode == 0 and "Stop requested" in stop.stdout

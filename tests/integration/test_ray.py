@@ -118,6 +118,11 @@ def stop_after_step_three(server: ServerProcess, model: Path) -> list[Any]:
         for event in client.stream(job):
             if event.kind == "progress" and event.data["step"] >= 3:
                 break
+        else:  # the job ended before its third step: say how, with the end of its worker's log
+            status = client.status(job)
+            log = server.data_dir / "jobs" / job / "worker.log"
+            tail = log.read_text(errors="replace")[-3000:] if log.exists() else "(no worker.log)"
+            raise AssertionError(f"the job ended {status['phase']} before step 3: {status.get('error')}\n{tail}")
         client.stop(job)
         events = collect(client, job)
 
