@@ -62,7 +62,7 @@ from finetune_studio.inference.batch import Batch, BatchedModel, prefill
 from finetune_studio.inference.chat_model import BaseKey, ChatModel
 from finetune_studio.inference.failures import RequestFailed
 from finetune_studio.inference.pool import ModelPool
-from finetune_studio.inference.prefix import Kept, PrefixCache, seed, seed_rows
+from finetune_studio.inference.prefix import Kept, PrefixCache, seed_rows
 from finetune_studio.inference.sampling import make_generator, next_token
 from finetune_studio.inference.text import TextStream
 from finetune_studio.wire import MAX_TOP_LOGPROBS, ModelRef, TokenLogprob
@@ -510,7 +510,7 @@ class Engine:
         seen = 0
         if start is not None:
             seen = start[1]
-            seed(cache, start[0], seen)
+            seed_rows(cache, [start])
         logits = entry.forward(prompt[seen:], cache, seen, run.adapter, all_positions=request.params.prompt_logprobs)
         if lane is not None:
             self.prefixes.keep(entry, request.adapter_folder, prompt, cache)
@@ -530,7 +530,7 @@ class Engine:
         columns; its last token is its row's input at the next decode step."""
         run = _running(request)
         cache = run.entry.new_cache(len(prompt) + run.max_tokens)
-        seed(cache, start[0], start[1])
+        seed_rows(cache, [start])
         run.last_prompt_token = prompt[-1]
         run.batch = self._batch(run.entry, cast(str, run.entry.batch_lane(run.adapter)))
         run.batch.join(request.id, run.adapter, cache, start[1])

@@ -127,16 +127,10 @@ class PrefixCache:
         self._bytes -= kept.bytes
 
 
-def seed(cache: Any, kept: Kept, tokens: int) -> None:
-    """Fill the empty `cache` with the first `tokens` columns of `kept` (copies: the cache grows in place)."""
-    for layer, (keys, values) in enumerate(zip(kept.keys, kept.values, strict=True)):
-        cache.update(keys[:, :, :tokens].clone(), values[:, :, :tokens].clone(), layer)
-
-
 def seed_rows(cache: Any, starts: list[tuple[Kept, int]]) -> list[int]:
     """Fill the empty `cache` with one row per start: row i the first `starts[i][1]` columns
-    of `starts[i][0]`, left-padded to the widest (as batch.py lays a batch out). Each row's
-    tokens held (`prefill(..., seeded=)`)."""
+    of `starts[i][0]`, left-padded to the widest (as batch.py lays a batch out), as copies (the
+    kept tensors stay as they are). Each row's tokens held (`prefill(..., seeded=)`)."""
     held = [tokens for _, tokens in starts]
     width = max(held)
     for layer in range(len(starts[0][0].keys)):
